@@ -12,6 +12,10 @@
 //! (`shell::quarantine`, `shell::cooling`): drains and taints are
 //! idempotent, a lost one leaves the scheduler unaware.
 //!
+//! A quarantine's actions that failed, and a cooling-loss drain that
+//! failed, also run again while the agent runs, after a wait that doubles
+//! with each failure in a row ([`retry_at`]), until one ends well.
+//!
 //! Glossary:
 //! - *action*: one program and its arguments.
 //! - *outcome*: exit status 0 within the timeout (`ok`), or the exit code,
@@ -74,6 +78,23 @@ pub struct Outcome {
     /// What went wrong, in words (empty when `ok`), with the end of its
     /// standard error (its control characters written out as text).
     pub detail: String,
+}
+
+/// How long a site command that failed waits before it runs again, ms,
+/// after its first failure: the commonest failure is a scheduler's
+/// controller failing over, which answers again within a minute.
+pub const RETRY_FIRST_MS: u64 = 10_000;
+/// The longest wait between two runs of a command that keeps failing, ms.
+pub const RETRY_MOST_MS: u64 = 300_000;
+
+/// When a command whose last `failures` runs in a row failed (1: the
+/// last only), the last ending at `ended_ms`, runs again (ms, on the same
+/// clock): [`RETRY_FIRST_MS`] after the first failure, doubling after
+/// each, [`RETRY_MOST_MS`] at most.
+pub fn retry_at(ended_ms: u64, failures: u32) -> u64 {
+    let doublings = failures.saturating_sub(1).min(31);
+    let wait = RETRY_FIRST_MS.saturating_mul(1 << doublings);
+    ended_ms.saturating_add(wait.min(RETRY_MOST_MS))
 }
 
 /// How long the end of a command's standard error is waited for once it
@@ -243,6 +264,22 @@ mod tests {
             uuid: "GPU-1".into(),
             reason: reason.into(),
         }
+    }
+
+    #[test]
+    fn a_failed_command_runs_again_after_a_wait_doubling_to_five_minutes() {
+        let waits: Vec<u64> = (1..=8).map(|n| retry_at(1_000, n) - 1_000).collect();
+        assert_eq!(
+            waits,
+            [10_000, 20_000, 40_000, 80_000, 160_000, 300_000, 300_000, 300_000]
+        );
+        assert_eq!(
+            retry_at(0, 0),
+            RETRY_FIRST_MS,
+            "no failure counted: the first wait"
+        );
+        assert_eq!(retry_at(0, u32::MAX), RETRY_MOST_MS);
+        assert_eq!(retry_at(u64::MAX - 1, 3), u64::MAX, "no overflow");
     }
 
     #[test]

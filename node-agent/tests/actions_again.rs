@@ -1,5 +1,7 @@
 //! The site actions that did not end well, run again: a cooling-loss
-//! resume kept from before a restart (at most once, at the next start).
+//! resume kept from before a restart (at most once, at the next start);
+//! a quarantine's actions and a cooling-loss drain that failed (while the
+//! agent runs, after a wait that doubles with each failure).
 //!
 //! The agent runs in a process of its own (the test binary run again at
 //! [`agent_process`], `rig::twin_process`), so a test can kill it with
@@ -87,4 +89,85 @@ fn a_resume_that_fails_again_at_the_start_is_dropped_not_run_at_every_start() {
         .filter(|l| l.starts_with("resumed"))
         .count();
     assert_eq!(resumes, 2, "{}", read(&log));
+}
+
+/// A script that fails (exit 1) its first two runs, then ends well; each
+/// run noted as `<word> <its arguments>` in the actions' log.
+fn failing_twice(rig: &Rig, name: &str, word: &str) -> std::path::PathBuf {
+    let count = rig.dir.path().join(format!("{name}.runs"));
+    let then = format!(
+        "echo x >> {0}; if [ \"$(wc -l < {0})\" -le 2 ]; then echo 'slurm_update error: Unable to contact slurm controller' >&2; exit 1; fi",
+        count.display()
+    );
+    noting(rig, name, word, &then)
+}
+
+/// A quarantine action that fails (the scheduler's controller failing
+/// over) runs again while the agent runs, 10 s after the first failure,
+/// 20 s after the second: the third run ends well, and the quarantine is
+/// done, each outcome published.
+#[test]
+fn a_failed_quarantine_action_runs_again_after_a_backoff_until_it_ends_well() {
+    let Some(rig) = Rig::start("g2") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let drain = failing_twice(&rig, "drain.sh", "quarantine");
+    let f = flags(&[
+        "--quarantine-action",
+        &format!("{} {{gpu}}", drain.display()),
+    ]);
+    let mut sub = rig.subscribe(&["event"]);
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    agent.xids(&[(0, 79)]);
+    let started = Instant::now();
+    let ev = events_until(&mut sub, 60, |ev| quarantine_outcomes(ev, 0).len() >= 3);
+    assert_eq!(
+        quarantine_outcomes(&ev, 0),
+        [(false, Some(1)), (false, Some(1)), (true, Some(0))]
+    );
+    let took = started.elapsed();
+    assert!(took >= Duration::from_secs(30), "no backoff: {took:?}");
+    assert_eq!(lines(&log), ["quarantine 0"; 3]);
+    let text = agent.log_text();
+    assert!(text.contains("its actions run again in 10 s"), "{text}");
+    assert!(text.contains("its actions run again in 20 s"), "{text}");
+    // Done: not run again, here nor at the next start.
+    let more = events_until(&mut sub, 2, |ev| !quarantine_outcomes(ev, 0).is_empty());
+    assert_eq!(quarantine_outcomes(&more, 0), []);
+    agent.crash();
+    let _agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    std::thread::sleep(Duration::from_millis(1_500));
+    assert_eq!(lines(&log), ["quarantine 0"; 3], "done, not run again");
+}
+
+/// A cooling-loss drain that fails runs again while the agent runs, with
+/// the same backoff, until it ends well; the power-down after the grace
+/// is not held back by it.
+#[test]
+fn a_failed_cooling_drain_runs_again_after_a_backoff_until_it_ends_well() {
+    let Some(rig) = Rig::start("g3") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let drain = failing_twice(&rig, "drain.sh", "ran");
+    let mut f = cooling_flags(&drain, &notes, &notes, &notes);
+    let grace = f.iter().position(|a| a == "--cooling-grace-s").unwrap() + 1;
+    f[grace] = "600".into();
+    let mut sub = rig.subscribe(&["event"]);
+    let agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    rig.publish_cdu_state(true, 1);
+    let started = Instant::now();
+    let ev = events_until(&mut sub, 60, |ev| cooling_outcomes(ev).len() >= 3);
+    let drained = |ok, code| (CoolingStep::Drain, ok, Some(code));
+    assert_eq!(
+        cooling_outcomes(&ev),
+        [drained(false, 1), drained(false, 1), drained(true, 0)]
+    );
+    let took = started.elapsed();
+    assert!(took >= Duration::from_secs(30), "no backoff: {took:?}");
+    assert_eq!(lines(&log), ["ran drain g3 2"; 3]);
+    let text = agent.log_text();
+    assert!(text.contains("run again in 20 s"), "{text}");
 }

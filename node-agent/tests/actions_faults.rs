@@ -329,8 +329,9 @@ fn a_power_down_cut_by_a_crash_runs_again_when_the_cdu_says_nothing() {
 
 /// Quarantine actions that fail (exit 3), hang past their timeout, or
 /// cannot start: each is published as a failed `quarantine_action` and
-/// logged as an error, and not retried while the agent runs; at the next
-/// start the failed ones run again (a failure is never read as done).
+/// logged as an error, and not retried before the first wait (10 s) is
+/// over (`actions_again.rs` follows the runs again); at the next start
+/// the failed ones run again (a failure is never read as done).
 #[test]
 fn quarantine_actions_that_fail_hang_or_cannot_start_are_reported_and_run_again_at_the_start() {
     let Some(rig) = Rig::start("f4") else {
@@ -368,7 +369,7 @@ fn quarantine_actions_that_fail_hang_or_cannot_start_are_reported_and_run_again_
     ] {
         assert!(text.contains(said), "{said:?} not logged:\n{text}");
     }
-    // Not retried while the agent runs.
+    // Not retried before the wait after the failure (10 s).
     let more = events_until(&mut sub, 2, |ev| !quarantine_outcomes(ev, 0).is_empty());
     assert_eq!(quarantine_outcomes(&more, 0), [], "retried");
     // Counted, the last named, and the GPU's `why` says to drain it by hand.

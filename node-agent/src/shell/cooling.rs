@@ -47,6 +47,12 @@
 //! cooling actions in the event log say (`super::lost_store`): cooled
 //! when none was logged, unknown only where the log cannot tell.
 //!
+//! A drain that failed, still pending, runs again while the agent runs,
+//! after a wait that doubles with each failure in a row
+//! (`actions::retry_at`), one run at a time, until one ends well, a later
+//! decision undoes it or decides it again, or the agent stops (the timer's
+//! word comes back on the runner's channel, [`StepDone::RetryDue`]).
+//!
 //! A resume takes the whole node back into service, in the site's
 //! scheduler, its quarantined GPUs with it: before its command starts the
 //! quarantines in force are kept in flash as not known done (a restart
@@ -72,11 +78,14 @@ use loopwarden_store::check::{check_of, checked};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+mod ended;
+
 use super::quarantine::get;
 use super::Agent;
 use crate::actions;
 use crate::config::CoolingLossActions;
 use crate::console::ActionKind;
+use ended::DrainRetry;
 use node_core::cooling_loss::Phase;
 
 /// The config-store key of the cooling-loss phase and pending steps.
@@ -159,9 +168,20 @@ async fn wait_kept(step: CoolingStep, kept: Kept) {
     );
 }
 
+/// A command of a step ended, or the step was undone before it ran; or
+/// the wait before a failed drain runs again is over.
+#[derive(Debug)]
+pub(crate) enum StepDone {
+    /// From the runner.
+    Ran(Ran),
+    /// The wait after job `id`, a drain that failed, is over (`due`: when,
+    /// steady ms).
+    RetryDue { id: u64, due: u64 },
+}
+
 /// A command of a step ended, or the step was undone before it ran.
 #[derive(Debug)]
-pub(crate) struct StepDone {
+pub(crate) struct Ran {
     id: u64,
     step: CoolingStep,
     /// `None`: not run, a later decision undid the step first.
@@ -189,6 +209,12 @@ pub(crate) struct Steps {
     resume_kept: bool,
     /// The job of that resume run again at the start: its last try.
     last_try: Option<u64>,
+    /// A drain that failed, to run again after a wait.
+    drain_retry: Option<DrainRetry>,
+    /// The reason of the last drain handed out, for its runs again.
+    drain_reason: String,
+    /// Where the wait's end comes back to the loop (the runner's channel).
+    done_tx: mpsc::Sender<StepDone>,
 }
 
 /// Starts the runner; returns the steps' state and where outcomes come
@@ -196,6 +222,7 @@ pub(crate) struct Steps {
 pub(crate) fn start_runner() -> (Steps, mpsc::Receiver<StepDone>) {
     let (jobs_tx, mut jobs_rx) = mpsc::channel::<Job>(QUEUE);
     let (done_tx, done_rx) = mpsc::channel(QUEUE * 4);
+    let retries = done_tx.clone();
     let runner = tokio::spawn(async move {
         while let Some(mut job) = jobs_rx.recv().await {
             if let Some(kept) = job.kept.take() {
@@ -211,12 +238,12 @@ pub(crate) fn start_runner() -> (Steps, mpsc::Receiver<StepDone>) {
                 ok &= outcome.as_ref().is_some_and(|o| o.ok);
                 let cut = job.cut.is_cut();
                 let last = undone || cut || i + 1 == job.argvs.len();
-                let done = StepDone {
+                let done = StepDone::Ran(Ran {
                     id: job.id,
                     step: job.step,
                     outcome,
                     ended: last.then_some(ok),
-                };
+                });
                 if done_tx.send(done).await.is_err() {
                     return;
                 }
@@ -237,6 +264,9 @@ pub(crate) fn start_runner() -> (Steps, mpsc::Receiver<StepDone>) {
         drains: HashMap::new(),
         resume_kept: false,
         last_try: None,
+        drain_retry: None,
+        drain_reason: String::new(),
+        done_tx: retries,
     };
     (steps, done_rx)
 }
@@ -248,6 +278,11 @@ impl Steps {
     pub(super) fn close(&mut self) -> Option<JoinHandle<()>> {
         self.jobs = None;
         self.runner.take()
+    }
+
+    /// Whether the agent is stopping (no more jobs are taken).
+    pub(super) fn stopping(&self) -> bool {
+        self.jobs.is_none()
     }
 
     /// Jobs handed to the runner and not ended.
@@ -538,6 +573,9 @@ impl Agent {
                     undone.store(true, Ordering::Relaxed);
                 }
             }
+            if step == CoolingStep::Drain {
+                self.cooling.drain_reason.clone_from(&reason);
+            }
             if let Some(job) = self.cooling_job(step, &reason) {
                 if step == CoolingStep::Resume {
                     // In flash before the phase the runner waits for.
@@ -668,12 +706,15 @@ impl Agent {
     /// A cooling-loss command ended: logged, the step's state kept in
     /// flash once it ended, and the outcome published.
     pub(super) async fn on_cooling_action(&mut self, done: StepDone) {
-        let StepDone {
+        let Ran {
             id,
             step,
             outcome,
             ended,
-        } = done;
+        } = match done {
+            StepDone::Ran(ran) => ran,
+            StepDone::RetryDue { id, due } => return self.on_drain_retry_due(id, due),
+        };
         if ended.is_some() {
             self.cooling.in_runner = self.cooling.in_runner.saturating_sub(1);
             self.cooling.undo.remove(&id);
@@ -692,27 +733,7 @@ impl Agent {
         }
         self.count_action(ActionKind::CoolingLoss, &format!("cooling-loss {step}"), &o);
         if let Some(ok) = ended {
-            // A resume's last try is pending no more, whatever its end.
-            let last_try = self.cooling.last_try == Some(id);
-            if last_try {
-                self.cooling.last_try = None;
-            }
-            if last_try && !ok && self.cooling.pending.holds(id) {
-                tracing::error!(
-                    "cooling-loss resume, kept from before the restart, failed again at this start: not run again; {RESUME_BY_HAND}"
-                );
-            }
-            if self.cooling.pending.ended(id, ok || last_try) {
-                self.keep_cooling();
-            }
-            if step == CoolingStep::Resume {
-                self.quarantine_again_after_resume();
-            }
-            if !ok && self.cooling.pending.holds(id) {
-                tracing::error!(
-                    "cooling-loss {step} failed: it is not run again while the agent runs, and runs again at the next start unless undone first"
-                );
-            }
+            self.step_ended(id, step, ok);
         }
         let ev = Event::CoolingAction {
             step,
@@ -728,6 +749,14 @@ impl Agent {
 mod tests {
     use super::*;
     use CoolingStep::*;
+
+    /// A command's word from the runner.
+    fn ran(done: StepDone) -> Ran {
+        match done {
+            StepDone::Ran(ran) => ran,
+            other => panic!("not from the runner: {other:?}"),
+        }
+    }
 
     #[tokio::test]
     async fn the_runner_runs_a_step_once_its_record_is_kept_or_said_lost() {
@@ -754,14 +783,14 @@ mod tests {
             "ran before its record was kept"
         );
         tell.send(Ok(())).expect("the runner waits");
-        let d = done.recv().await.expect("an outcome");
+        let d = ran(done.recv().await.expect("an outcome"));
         assert!(d.outcome.is_some_and(|o| o.ok) && dir.path().join("ran-1").exists());
         // A record the flash refused: the step runs all the same.
         let (tell, kept) = tokio::sync::oneshot::channel();
         jobs.try_send(job(2, kept)).expect("queued");
         tell.send(Err("flash full".into()))
             .expect("the runner waits");
-        let d = done.recv().await.expect("an outcome");
+        let d = ran(done.recv().await.expect("an outcome"));
         assert!(d.outcome.is_some_and(|o| o.ok) && dir.path().join("ran-2").exists());
     }
 
@@ -792,9 +821,9 @@ mod tests {
         jobs.try_send(hangs).expect("queued");
         jobs.try_send(power_down).expect("queued");
         undone.store(true, Ordering::Relaxed);
-        let d = done.recv().await.expect("the drain's outcome");
+        let d = ran(done.recv().await.expect("the drain's outcome"));
         assert!(d.outcome.is_some_and(|o| o.ok));
-        let d = done.recv().await.expect("the power-down's word");
+        let d = ran(done.recv().await.expect("the power-down's word"));
         assert_eq!((d.id, d.step, d.ended), (2, PowerDown, Some(false)));
         assert!(d.outcome.is_none(), "not run");
         assert!(!off.exists(), "the host was not powered off");
@@ -827,7 +856,7 @@ mod tests {
         let began = std::time::Instant::now();
         cut.cut();
         jobs.try_send(power_down).expect("queued");
-        let d = done.recv().await.expect("the drain's word");
+        let d = ran(done.recv().await.expect("the drain's word"));
         assert_eq!(
             (d.id, d.ended),
             (1, Some(false)),
@@ -835,7 +864,7 @@ mod tests {
         );
         let o = d.outcome.expect("its first command, cut");
         assert!(!o.ok && o.detail.starts_with("cut"), "{o:?}");
-        let d = done.recv().await.expect("the power-down's outcome");
+        let d = ran(done.recv().await.expect("the power-down's outcome"));
         assert!(d.outcome.is_some_and(|o| o.ok) && off.exists());
         assert!(
             began.elapsed() < Duration::from_secs(5),

@@ -20,9 +20,15 @@
 //! known done no more, and once it ended their actions run again, so a
 //! restart before those end well runs them again too.
 //!
+//! A run that failed (one of its actions did not end well) runs again
+//! while the agent runs, after a wait that doubles with each failure in a
+//! row (`actions::retry_at`: 10 s, then 20 s, up to 5 min), one run at a
+//! time, until one ends well, the GPU is released or quarantined anew, or
+//! the agent stops (the next start runs it then).
+//!
 //! Glossary:
 //! - *run*: the actions of one quarantine (a GPU and its stamp) still
-//!   running.
+//!   running, or waiting to run again after one failed.
 
 use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::{Event, HealthState};
@@ -40,24 +46,41 @@ use crate::gpu::XidReport;
 /// quarantine goes on.
 const KEEP_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// A quarantine action ended.
+/// A quarantine action ended, or the wait after a failed run is over.
 #[derive(Debug)]
-pub(crate) struct ActionDone {
-    /// The GPU.
-    pub gpu: u8,
-    /// The stamp of the quarantine it ran for (wall ms).
-    pub since: u64,
-    /// How it ended.
-    pub outcome: actions::Outcome,
+pub(crate) enum ActionDone {
+    /// A quarantine action ended.
+    Ended {
+        /// The GPU.
+        gpu: u8,
+        /// The stamp of the quarantine it ran for (wall ms).
+        since: u64,
+        /// How it ended.
+        outcome: actions::Outcome,
+    },
+    /// The wait before a failed run's actions run again is over.
+    RetryDue {
+        /// The GPU.
+        gpu: u8,
+        /// The stamp of the quarantine (wall ms).
+        since: u64,
+        /// When it was due (steady ms): the run's retry, if it is that.
+        due: u64,
+    },
 }
 
-/// The actions of one quarantine still running.
+/// The actions of one quarantine still running, or waiting to run again
+/// after a run that failed.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Run {
     /// How many have not ended.
     left: usize,
     /// Whether every one that ended, ended well.
     ok: bool,
+    /// The runs in a row that failed.
+    failures: u32,
+    /// When its actions run again (steady ms), after a run that failed.
+    retry: Option<u64>,
 }
 
 /// A record kept in flash for each GPU, under its identity (its UUID's
@@ -422,10 +445,17 @@ impl Agent {
             reason: reason.to_string(),
         };
         let since = self.node.gpu_health(gpu).since.0;
-        let run = self
-            .quarantine_runs
-            .entry((gpu, since))
-            .or_insert(Run { left: 0, ok: true });
+        let run = self.quarantine_runs.entry((gpu, since)).or_insert(Run {
+            left: 0,
+            ok: true,
+            failures: 0,
+            retry: None,
+        });
+        if run.left == 0 {
+            // A new run: the one before it, if any, ended (and failed).
+            run.ok = true;
+            run.retry = None;
+        }
         run.left += actions.len();
         self.running_actions.retain(|h| !h.is_finished());
         for action in actions {
@@ -435,7 +465,7 @@ impl Agent {
             self.running_actions.push(tokio::spawn(async move {
                 let outcome = actions::run(&argv, timeout).await;
                 let _ = tx
-                    .send(ActionDone {
+                    .send(ActionDone::Ended {
                         gpu,
                         since,
                         outcome,
@@ -511,15 +541,23 @@ impl Agent {
             .collect()
     }
 
+    /// A quarantine action ended, or a failed run's wait is over.
+    pub(super) async fn on_action(&mut self, done: ActionDone) {
+        match done {
+            ActionDone::Ended {
+                gpu,
+                since,
+                outcome,
+            } => self.on_action_ended(gpu, since, outcome).await,
+            ActionDone::RetryDue { gpu, since, due } => self.on_retry_due(gpu, since, due),
+        }
+    }
+
     /// A quarantine action ended: logged, and published; once every action
     /// of its quarantine ended well, the quarantine's stamp is kept in
-    /// flash first (so a restart does not run them again).
-    pub(super) async fn on_action(&mut self, done: ActionDone) {
-        let ActionDone {
-            gpu,
-            since,
-            outcome: o,
-        } = done;
+    /// flash first (so a restart does not run them again); once they all
+    /// ended and one failed, they run again after a wait.
+    async fn on_action_ended(&mut self, gpu: u8, since: u64, o: actions::Outcome) {
         if o.ok {
             tracing::info!("GPU {gpu}: quarantine action {} done", o.program);
         } else {
@@ -542,18 +580,7 @@ impl Agent {
             run.left = run.left.saturating_sub(1);
             run.ok &= o.ok;
             if run.left == 0 {
-                let ok = run.ok;
-                self.quarantine_runs.remove(&(gpu, since));
-                if ok {
-                    if let Some(g) = self.gpus.get_mut(gpu as usize) {
-                        g.action_failed = None;
-                    }
-                    self.keep_record(gpu, Record::Done, &since.to_le_bytes());
-                } else {
-                    tracing::error!(
-                        "GPU {gpu}: a quarantine action failed: it is not run again while the agent runs (drain the GPU by hand), and runs again at the next start"
-                    );
-                }
+                self.run_ended(gpu, since);
             }
         }
         let ev = Event::QuarantineAction {
@@ -562,6 +589,66 @@ impl Agent {
             exit_code: o.exit_code,
         };
         self.emit(ev, self.clock.wall()).await;
+    }
+
+    /// Every action of the run of `gpu`'s quarantine `since` ended: all
+    /// well, it is done (kept in flash); else its actions run again after
+    /// a wait ([`actions::retry_at`]), the timer's word coming back to the
+    /// loop ([`ActionDone::RetryDue`]).
+    fn run_ended(&mut self, gpu: u8, since: u64) {
+        let Some(run) = self.quarantine_runs.get_mut(&(gpu, since)) else {
+            return;
+        };
+        if run.ok {
+            self.quarantine_runs.remove(&(gpu, since));
+            if let Some(g) = self.gpus.get_mut(gpu as usize) {
+                g.action_failed = None;
+            }
+            return self.keep_record(gpu, Record::Done, &since.to_le_bytes());
+        }
+        run.failures = run.failures.saturating_add(1);
+        let now = self.clock.steady().0;
+        let due = actions::retry_at(now, run.failures);
+        run.retry = Some(due);
+        tracing::error!(
+            "GPU {gpu}: a quarantine action failed ({} runs in a row): its actions run again in {} s, and at the next start; drain the GPU by hand if they keep failing",
+            run.failures,
+            (due - now) / 1_000
+        );
+        let tx = self.actions.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(due - now)).await;
+            let _ = tx.send(ActionDone::RetryDue { gpu, since, due }).await;
+        });
+    }
+
+    /// The wait after a failed run of `gpu`'s quarantine `since` is over
+    /// (`due`: the timer's): its actions run again, unless a run is under
+    /// way (one at a time), the timer is not the run's last, the GPU was
+    /// released or quarantined anew meanwhile, or the agent is stopping
+    /// (the next start runs them).
+    fn on_retry_due(&mut self, gpu: u8, since: u64, due: u64) {
+        let Some(run) = self.quarantine_runs.get(&(gpu, since)).copied() else {
+            return;
+        };
+        if run.left > 0 || run.retry != Some(due) {
+            return;
+        }
+        let st = self.node.health().status(gpu);
+        if !st.is_some_and(|st| st.state == HealthState::Quarantined && st.since.0 == since) {
+            self.quarantine_runs.remove(&(gpu, since));
+            return tracing::info!(
+                "GPU {gpu}: released or quarantined anew: the actions of its quarantine that failed do not run again"
+            );
+        }
+        if self.cooling.stopping() {
+            return;
+        }
+        let why = format!(
+            "its quarantine actions failed {} runs in a row",
+            run.failures
+        );
+        self.run_actions_again(gpu, &why);
     }
 
     /// Counts a site command's outcome for `/metrics` and the console.
