@@ -21,7 +21,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use loopwarden_protocol::CoolingStep;
+use loopwarden_protocol::{
+    AckCode, CommandAuth, CoolingStep, Frame, GpuIndex, Ident, Message, NodeId, QuarantineRelease,
+    Role, Text,
+};
 
 use common::*;
 use rig::twin_process::twin_process_main;
@@ -170,4 +173,42 @@ fn a_failed_cooling_drain_runs_again_after_a_backoff_until_it_ends_well() {
     assert_eq!(lines(&log), ["ran drain g3 2"; 3]);
     let text = agent.log_text();
     assert!(text.contains("run again in 20 s"), "{text}");
+}
+
+/// A quarantine whose action failed, its GPU released by an operator
+/// before the wait is over: the action does not run again.
+#[test]
+fn a_failed_quarantine_action_of_a_gpu_released_meanwhile_does_not_run_again() {
+    let Some(rig) = Rig::start("g4") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let fails = noting(&rig, "fail.sh", "quarantine", "exit 1");
+    let f = flags(&[
+        "--quarantine-action",
+        &format!("{} {{gpu}}", fails.display()),
+    ]);
+    let mut sub = rig.subscribe(&["event", "ack"]);
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    agent.xids(&[(0, 79)]);
+    let ev = events_until(&mut sub, 5, |ev| !quarantine_outcomes(ev, 0).is_empty());
+    assert_eq!(quarantine_outcomes(&ev, 0), [(false, Some(1))]);
+    let release = Frame {
+        sender: NodeId::new(Role::Operator, "jdoe").expect("ident"),
+        seq: 1,
+        time: rig::now(),
+        message: Message::QuarantineRelease(QuarantineRelease {
+            gpu: GpuIndex::new(0).expect("index"),
+            operator: Ident::new("jdoe").expect("ident"),
+            note: Text::new("reseated").expect("note"),
+            auth: CommandAuth::default(),
+        }),
+    };
+    let ack = rig.ack(&mut sub, &release);
+    assert_eq!(ack.code, AckCode::Ok, "{}", ack.detail.as_str());
+    // Past the first wait (10 s).
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(lines(&log), ["quarantine 0"], "run again after the release");
+    let text = agent.log_text();
+    assert!(text.contains("released or quarantined anew"), "{text}");
 }
