@@ -9,8 +9,9 @@
 # upgrade never overwrites it; it may hold secrets such as
 # console_password_hash, so it is shipped readable by root alone and the
 # postinst gives the controller's to its group, 0640), its copyright and
-# its documentation, and in the controller's a udev rule that gives the
-# GPIO chips to group gpio.
+# its documentation; in the host agent's loopwarden-slurm (the Slurm
+# drain and resume its documented actions call), and in the controller's
+# a udev rule that gives the GPIO chips to group gpio.
 # The maintainer scripts never enable or start a service: an agent starts
 # only once its configuration is edited (docs/install.md). The
 # controller's postinst makes its system user, loopwarden-cdu.
@@ -67,7 +68,7 @@ changelog() {
     "$version" "$commit" "$maintainer" "$date"
 }
 
-# package NAME BINARY CONF-MODE GUIDE SUMMARY DESCRIPTION [EXTRA-FILE:DEST ...]
+# package NAME BINARY CONF-MODE GUIDE SUMMARY DESCRIPTION [EXTRA-FILE:DEST[:MODE] ...]
 package() {
   local name=$1 bin=$2 conf_mode=$3 guide=$4 summary=$5 description=$6
   shift 6
@@ -82,9 +83,18 @@ package() {
   sed "s/@NAME@/$name/" deploy/deb/copyright >"$doc/copyright"
   changelog | gzip -9n >"$doc/changelog.gz"
   chmod 0644 "$doc/copyright" "$doc/changelog.gz"
-  local extra
+  # SOURCE:DEST, or SOURCE:DEST:MODE (0644 when none is given).
+  local extra dest mode
   for extra in "$@"; do
-    install -D -m 0644 "${extra%%:*}" "$root/${extra#*:}"
+    dest=${extra#*:}
+    mode=0644
+    case $dest in
+    *:*)
+      mode=${dest#*:}
+      dest=${dest%%:*}
+      ;;
+    esac
+    install -D -m "$mode" "${extra%%:*}" "$root/$dest"
   done
 
   # What the binary links (libc, libgcc_s); NVML is opened at run time,
@@ -131,7 +141,11 @@ package loopwarden-node-agent node-agent 0600 node-agent.md \
  .
  It reads the GPUs through NVML (libnvidia-ml.so.1), which comes with
  the NVIDIA driver and is loaded at run time: install the driver; the
- package does not depend on it."
+ package does not depend on it.
+ .
+ loopwarden-slurm drains and resumes a Slurm node for the agent's
+ quarantine and cooling-loss actions without lifting anyone else's drain." \
+  deploy/slurm/loopwarden-slurm:usr/bin/loopwarden-slurm:0755
 
 package loopwarden-cooling-ctrl cooling-ctrl 0640 cooling.md \
   "Loopwarden CDU controller" \

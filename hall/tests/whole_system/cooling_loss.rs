@@ -1,8 +1,10 @@
 //! A leak in the twin's rack, end to end: the controller isolates the
 //! rack and says it lost cooling; that rack's node agent drains its node
-//! in a real Slurm (`sinfo -R` shows the reason), powers it down after its
-//! grace period, and when an operator has cleared the leak, powers it up
-//! and resumes it. The other rack's agent does nothing.
+//! in a real Slurm through `loopwarden-slurm` (`sinfo -R` shows the
+//! reason), powers it down after its grace period, and when an operator
+//! has cleared the leak, powers it up and resumes it. The other rack's
+//! agent does nothing. A node an operator drained before the leak stays
+//! drained, with the operator's reason, through the loss and the resume.
 //!
 //! Skipped outside CI when Slurm or munge is not installed (`.ci/run`
 //! installs them); under `CI=true` a missing tool fails.
@@ -42,8 +44,9 @@ const SPEED: f64 = 4.0;
 /// The agents' grace between the drain and the power-down, s.
 const GRACE_S: u64 = 4;
 
-/// The agents' config: Slurm through `scontrol` for the drain and the
-/// resume, and a script that notes the power steps.
+/// The agents' config: Slurm through `loopwarden-slurm` (as
+/// docs/node-agent.md section 3.6 shows) for the drain and the resume,
+/// and a script that notes the power steps.
 fn agent_config(dir: &Path, slurm: &Slurm) -> std::path::PathBuf {
     let note = dir.join("note.sh");
     let log = dir.join("power.log");
@@ -54,9 +57,8 @@ fn agent_config(dir: &Path, slurm: &Slurm) -> std::path::PathBuf {
     .unwrap();
     std::fs::set_permissions(&note, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let conf = format!("SLURM_CONF={}", slurm.conf().display());
-    let scontrol = |rest: &str| {
-        format!(r#"["env", "{conf}", "scontrol", "update", "NodeName={{host}}", {rest}]"#)
-    };
+    let wrapper = super::slurm_wrapper::wrapper();
+    let slurm_cmd = |rest: &str| format!(r#"["env", "{conf}", "{}", {rest}]"#, wrapper.display());
     let text = format!(
         "[cooling_loss]\n\
          drain = [{}]\n\
@@ -64,8 +66,8 @@ fn agent_config(dir: &Path, slurm: &Slurm) -> std::path::PathBuf {
          power_down = [[\"{n}\", \"power_down\", \"{{host}}\"]]\n\
          power_up = [[\"{n}\", \"power_up\", \"{{host}}\"]]\n\
          grace_s = {GRACE_S}\n",
-        scontrol(r#""State=DRAIN", "Reason={reason}""#),
-        scontrol(r#""State=RESUME""#),
+        slurm_cmd(r#""drain", "{host}", "cooling", "{reason}""#),
+        slurm_cmd(r#""resume", "{host}", "cooling""#),
         n = note.display(),
     );
     let path = dir.join("agent.toml");
@@ -131,7 +133,9 @@ async fn a_leaking_rack_is_drained_in_slurm_powered_down_and_resumed() {
         drained
             .iter()
             .any(|(_, state, reason)| state.starts_with("drain")
-                && reason.starts_with("cooling-lost: rack 0 of cdu1 lost cooling at")),
+                && reason.starts_with(
+                    "loopwarden:cooling: cooling-lost: rack 0 of cdu1 lost cooling at"
+                )),
         "sinfo -R never showed r0h0 drained for the cooling loss: {seen:?}\n{}",
         slurm.log_tails()
     );
@@ -203,5 +207,53 @@ async fn a_valve_reopened_on_an_operators_clear_is_not_counted_unattended() {
         summary.valve_reopened_unattended, 0,
         "events: {:?}",
         out.events
+    );
+}
+
+/// An operator drained r0h0 for a bad DIMM before the leak: the agent's
+/// cooling-loss drain and its resume after the leak is cleared leave that
+/// drain, and its reason, as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_drain_outlives_a_cooling_loss_and_its_resume() {
+    let Some(slurm) = Slurm::start(&["r0h0"]) else {
+        return;
+    };
+    let (ok, said) = slurm.scontrol(&[
+        "update",
+        "NodeName=r0h0",
+        "State=DRAIN",
+        "Reason=RMA DIMM #1234",
+    ]);
+    assert!(ok, "the operator's drain: {said}");
+    let dir = tempfile::tempdir().unwrap();
+    let config = agent_config(dir.path(), &slurm);
+    let out = play(PlayConfig {
+        speed: SPEED,
+        agent_config: Some(config),
+        clear_leaks: vec![(120, 0)],
+        ..PlayConfig::headless(
+            Scenario::from_toml(LEAK, "leak.toml").unwrap(),
+            "leak",
+            &dir.path().join("run"),
+        )
+    })
+    .await
+    .expect("the run completes");
+    assert!(out.racks_lost.contains(&0), "{:?}", out.events);
+    for step in ["drain", "resume"] {
+        let ran = format!("r0h0: cooling-loss {step} command ran");
+        assert!(
+            out.events.iter().any(|e| e.contains(&ran)),
+            "no {ran:?} in {:?}",
+            out.events
+        );
+    }
+    let drained = slurm.drained();
+    assert!(
+        drained.iter().any(|(n, state, reason)| n == "r0h0"
+            && state.starts_with("drain")
+            && reason == "RMA DIMM #1234"),
+        "r0h0 not drained for its DIMM any more: {drained:?}\n{}",
+        slurm.log_tails()
     );
 }

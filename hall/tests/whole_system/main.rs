@@ -8,3 +8,4 @@ mod chiller_trip;
 mod cooling_loss;
 mod play;
 mod shell_faults;
+mod slurm_wrapper;

@@ -1,0 +1,170 @@
+//! `deploy/slurm/loopwarden-slurm`, the wrapper the documented Slurm
+//! actions call, against a real Slurm: it undoes only the agent's own
+//! drain for the tag it is given, never a person's, and never runs the
+//! text of a reason.
+//!
+//! Skipped outside CI when Slurm or munge is not installed (`.ci/run`
+//! installs them); under `CI=true` a missing tool fails.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use loopwarden_system_tests::slurm::Slurm;
+
+/// The wrapper as shipped.
+pub fn wrapper() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/slurm/loopwarden-slurm")
+}
+
+/// Runs the wrapper with `args` against `slurm`: its exit status and what
+/// it printed (stdout then stderr).
+fn run(slurm: &Slurm, args: &[&str]) -> (i32, String) {
+    let out = Command::new(wrapper())
+        .args(args)
+        .envs(slurm.env())
+        .output()
+        .unwrap_or_else(|e| panic!("run {} {args:?}: {e}", wrapper().display()));
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), said)
+}
+
+/// The node's state and reason as `sinfo -R` lists them, if it lists it.
+fn reason(slurm: &Slurm, node: &str) -> Option<(String, String)> {
+    slurm
+        .drained()
+        .into_iter()
+        .find(|(n, _, _)| n == node)
+        .map(|(_, state, reason)| (state, reason))
+}
+
+/// `node` is listed drained with `want` as its reason.
+fn assert_drained(slurm: &Slurm, node: &str, want: &str, after: &str) {
+    match reason(slurm, node) {
+        Some((state, reason)) if state.starts_with("drain") && reason == want => {}
+        other => panic!("after {after}: {node} is {other:?}, not drained for {want:?}"),
+    }
+}
+
+#[test]
+fn the_slurm_wrapper_lifts_only_the_drain_of_its_own_tag() {
+    let Some(slurm) = Slurm::start(&["h07"]) else {
+        return;
+    };
+    let cooling = "loopwarden:cooling: cooling-lost: rack 2 of cdu-a lost cooling";
+    let gpu3 = "loopwarden:gpu3: xid-79: XID 79 (GPU has fallen off the bus)";
+    let (code, said) = run(
+        &slurm,
+        &[
+            "drain",
+            "h07",
+            "cooling",
+            "cooling-lost: rack 2 of cdu-a lost cooling",
+        ],
+    );
+    assert_eq!(code, 0, "{said}");
+    assert_drained(&slurm, "h07", cooling, "the cooling drain");
+    // A quarantine while the rack has no cooling: both are named.
+    let xid = "xid-79: XID 79 (GPU has fallen off the bus)";
+    let (code, said) = run(&slurm, &["drain", "h07", "gpu3", xid]);
+    assert_eq!(code, 0, "{said}");
+    let both = format!("{cooling} | {gpu3}");
+    assert_drained(&slurm, "h07", &both, "the quarantine's drain");
+    // The same drain again changes nothing.
+    let (code, said) = run(&slurm, &["drain", "h07", "gpu3", xid]);
+    assert_eq!(code, 0, "{said}");
+    assert_drained(&slurm, "h07", &both, "the quarantine's drain again");
+    // Cooling back: the quarantine's drain stays.
+    let (code, said) = run(&slurm, &["resume", "h07", "cooling"]);
+    assert_eq!(code, 0, "{said}");
+    assert_drained(&slurm, "h07", gpu3, "the cooling resume");
+    let (code, said) = run(&slurm, &["resume", "h07", "cooling"]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("not drained for cooling"), "{said}");
+    assert_drained(&slurm, "h07", gpu3, "a second cooling resume");
+    // The last of the agent's drains lifted: back in service.
+    let (code, said) = run(&slurm, &["resume", "h07", "gpu3"]);
+    assert_eq!(code, 0, "{said}");
+    slurm
+        .wait_state("h07", "idle", Duration::from_secs(10))
+        .unwrap_or_else(|s| panic!("h07 not idle after the resume: {s}; {}", slurm.reasons()));
+    // Nothing left to undo: exit 0 (scontrol would refuse RESUME on an
+    // idle node, exit 1), and the node as it was.
+    let (code, said) = run(&slurm, &["resume", "h07", "gpu3"]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("is not drained"), "{said}");
+    assert_eq!(reason(&slurm, "h07"), None);
+}
+
+#[test]
+fn the_slurm_wrapper_leaves_a_persons_drain_and_its_reason_as_they_are() {
+    let Some(slurm) = Slurm::start(&["h07"]) else {
+        return;
+    };
+    // A reason that reads like a state is not taken for one.
+    let rma = "RMA DIMM #1234 State=IDLE";
+    let (ok, said) = slurm.scontrol(&[
+        "update",
+        "NodeName=h07",
+        "State=DRAIN",
+        &format!("Reason={rma}"),
+    ]);
+    assert!(ok, "{said}");
+    let (code, said) = run(&slurm, &["drain", "h07", "cooling", "cooling-lost: rack 2"]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("not by loopwarden: left as it is"), "{said}");
+    assert_drained(&slurm, "h07", rma, "the cooling drain");
+    for tag in ["cooling", "gpu3"] {
+        let (code, said) = run(&slurm, &["resume", "h07", tag]);
+        assert_eq!(code, 0, "{said}");
+        assert!(said.contains("drained by someone else"), "{said}");
+        assert_drained(&slurm, "h07", rma, "a resume");
+    }
+}
+
+#[test]
+fn the_slurm_wrapper_never_runs_a_reason_and_refuses_bad_usage() {
+    let Some(slurm) = Slurm::start(&["h07"]) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mark = dir.path().join("ran");
+    let text = format!(
+        "$(touch {m}) `touch {m}`; touch {m} | x",
+        m = mark.display()
+    );
+    let (code, said) = run(&slurm, &["drain", "h07", "gpu1", &text]);
+    assert_eq!(code, 0, "{said}");
+    // A '|' would end the agent's part of the reason: written '/'.
+    let shown = format!("loopwarden:gpu1: {}", text.replace('|', "/"));
+    assert_drained(&slurm, "h07", &shown, "the drain");
+    let (code, said) = run(&slurm, &["resume", "h07", "gpu1"]);
+    assert_eq!(code, 0, "{said}");
+    assert!(!mark.exists(), "the reason's text was run");
+    slurm
+        .wait_state("h07", "idle", Duration::from_secs(10))
+        .unwrap_or_else(|s| panic!("h07 not idle after the resume: {s}; {}", slurm.reasons()));
+    for args in [
+        &["drain", "h07", "cooling"][..],
+        &["drain", "h07", "a tag", "why"],
+        &["drain", "h07", "", "why"],
+        &["resume", "h07"],
+        &["undrain", "h07", "cooling"],
+    ] {
+        let (code, said) = run(&slurm, args);
+        assert_eq!(code, 2, "{args:?}: {said}");
+        assert!(said.starts_with("usage: loopwarden-slurm"), "{said}");
+    }
+    // A node Slurm does not know: the drain is tried anyway and fails,
+    // the resume is not tried; both say so, exit 1.
+    let (code, said) = run(&slurm, &["drain", "h99", "cooling", "x"]);
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("drained for cooling anyway"), "{said}");
+    let (code, said) = run(&slurm, &["resume", "h99", "cooling"]);
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("not resumed"), "{said}");
+}
