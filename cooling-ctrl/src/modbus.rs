@@ -249,6 +249,11 @@ pub struct ModbusCdu {
     /// The last request got no answer or a garbled one: clear the line
     /// before the next.
     resync: bool,
+    /// The serial port was still held by another program at the end of
+    /// the last opening's wait: the next opening tries once, without
+    /// waiting, so a port held for good costs a step one timeout, not one
+    /// per request.
+    port_held: bool,
     /// The CDU's addresses as its name was last looked up (TCP).
     resolved: Vec<std::net::SocketAddr>,
 }
@@ -280,6 +285,7 @@ impl ModbusCdu {
             ctx: None,
             seen: None,
             resync: false,
+            port_held: false,
             resolved: Vec::new(),
         }
     }
@@ -362,9 +368,15 @@ impl ModbusCdu {
                     .parity(line.parity)
                     .data_bits(line.data_bits)
                     .stop_bits(line.stop_bits);
-                let mut port = open_serial(&builder, &line.path, deadline)
-                    .await
-                    .map_err(io)?;
+                let wait_until = if self.port_held {
+                    Instant::now()
+                } else {
+                    deadline
+                };
+                let opened = open_serial(&builder, &line.path, wait_until).await;
+                self.port_held =
+                    matches!(&opened, Err(e) if e.kind() == io::ErrorKind::ResourceBusy);
+                let mut port = opened.map_err(io)?;
                 if self.resync {
                     // A late answer to the request that timed out must not
                     // be read as the answer to the next: wait for a quiet

@@ -538,13 +538,11 @@ fn hold(pair: &PtyPair) -> tokio_serial::SerialStream {
 }
 
 #[tokio::test]
-async fn a_serial_port_another_program_holds_is_waited_for_then_named_in_use() {
+async fn a_serial_port_another_program_lets_go_of_within_the_timeout_is_waited_for() {
     let Some(pair) = PtyPair::start() else {
         return;
     };
-    let cdu = sim(RegisterMap::sim_cdu());
-    let server = serve_rtu(cdu.clone(), &pair);
-    let mut client = rtu_client(RegisterMap::sim_cdu(), &pair);
+    let server = serve_rtu(sim(RegisterMap::sim_cdu()), &pair);
 
     // Let go within the timeout (a process being started that inherited
     // the port for an instant): the read waits for it and goes through.
@@ -558,16 +556,26 @@ async fn a_serial_port_another_program_holds_is_waited_for_then_named_in_use() {
     assert_known_readings(&patient.read().await.expect("read once the port is let go"));
     release.await.expect("released");
     patient.disconnect().await;
+    server.abort();
+}
 
-    // Held for good: a link failure naming the port in use, after the
-    // timeout, not a CDU that does not answer.
-    let _held = hold(&pair);
-    let t0 = Instant::now();
+/// Held for good: a link failure naming the port in use after the
+/// timeout, not a CDU that does not answer; the step's next request
+/// tries once without waiting again; once let go, the port opens. On a
+/// paused clock, so the waits are counted, not timed.
+#[tokio::test(start_paused = true)]
+async fn a_serial_port_held_for_good_costs_one_timeout_then_none() {
+    let Some(pair) = PtyPair::start() else {
+        return;
+    };
+    let mut client = rtu_client(RegisterMap::sim_cdu(), &pair);
+    let held = hold(&pair);
+    let t0 = tokio::time::Instant::now();
     let e = client.read().await.unwrap_err();
-    assert!(
-        t0.elapsed() >= Duration::from_millis(300),
-        "{:?}",
-        t0.elapsed()
+    assert_eq!(
+        t0.elapsed(),
+        Duration::from_millis(300),
+        "waited the timeout"
     );
     let CduError::Io { source, .. } = &e else {
         panic!("not a link failure: {e:?}");
@@ -580,7 +588,17 @@ async fn a_serial_port_another_program_holds_is_waited_for_then_named_in_use() {
         )),
         "{e}"
     );
-    server.abort();
+    let t1 = tokio::time::Instant::now();
+    let again = client.write(&NEW).await.unwrap_err();
+    assert_eq!(t1.elapsed(), Duration::ZERO, "no second wait: {again}");
+    assert!(
+        again.to_string().contains("is in use by another program"),
+        "{again}"
+    );
+    drop(held);
+    // Let go: the port opens (nobody serves it here: no answer).
+    let e = client.read().await.unwrap_err();
+    assert!(e.is_no_answer(), "{e:?}");
 }
 
 /// Modbus RTU CRC-16 (polynomial 0xA001, initial 0xFFFF), low byte first.

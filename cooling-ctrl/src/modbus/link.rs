@@ -299,7 +299,8 @@ pub fn connect_failure(addr: SocketAddr, e: &io::Error) -> io::Error {
 /// mbpoll and a second controller take theirs): a program that has it
 /// open keeps this one out, and so, for an instant, does a process being
 /// started that inherited the descriptor before it runs. Still held at
-/// the deadline, the failure names the port as in use.
+/// the deadline (tried at least once), the failure names the port as in
+/// use.
 pub(super) async fn open_serial(
     builder: &tokio_serial::SerialPortBuilder,
     path: &str,
