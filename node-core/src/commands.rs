@@ -614,7 +614,8 @@ impl CommandCore {
     }
 
     /// What a `Clamped` ack says of `lease`: each cap raised to a GPU's
-    /// minimum or above its maximum, and whether it was `shortened` to the
+    /// minimum, or above its maximum and so clamped to its ceiling (the
+    /// limit in force uncapped), and whether it was `shortened` to the
     /// longest taken.
     fn clamped_detail(&self, lease: &CapLease, shortened: bool) -> String {
         let ranges = self.arbiter.ranges();
@@ -640,10 +641,13 @@ impl CommandCore {
                         cap.limit.0, min.0, min.0
                     ));
                 }
+                // Such a cap caps nothing: the GPU holds its ceiling (a
+                // site's or an administrator's limit may keep it below
+                // the maximum), which is what the ack names.
                 if let Some(max) = self.arbiter.highest(i).filter(|&m| cap.limit > m) {
                     parts.push(format!(
                         "GPU {i}: {} W is above its maximum {} W; clamped to {} W",
-                        cap.limit.0, max.0, max.0
+                        cap.limit.0, max.0, ranges[i].max.0
                     ));
                 }
             }

@@ -570,3 +570,32 @@ fn a_cap_above_the_highest_settable_limit_is_acked_clamped_naming_it() {
         assert!(ack.detail.is_empty(), "{}", ack.detail.as_str());
     }
 }
+
+/// A cap above a GPU's highest settable limit on a host whose site limit
+/// (600 W) holds its ceiling below that maximum (800 W): the ack names the
+/// limit in force, the ceiling, not the maximum the GPU never reaches.
+#[test]
+fn a_cap_above_the_highest_settable_limit_names_the_ceiling_in_force() {
+    let mut h = Host::boot(Boot {
+        site_limit: Some(Watts(600)),
+        ..Boot::default()
+    });
+    let t = T0.0 + 1_000;
+    h.step(t, Input::Frame(&cmd_topic(), &lease(1, t, 450_000, 60_000)));
+    let ack = h.acks.last().unwrap();
+    assert_eq!(ack.code, AckCode::Clamped, "{}", ack.detail.as_str());
+    assert!(
+        ack.detail
+            .as_str()
+            .starts_with("GPU 0: 450000 W is above its maximum 800 W; clamped to 600 W"),
+        "{}",
+        ack.detail.as_str()
+    );
+    assert!(
+        !ack.detail.as_str().contains("to 800 W"),
+        "{}",
+        ack.detail.as_str()
+    );
+    assert_eq!(h.limits, [Watts(600); GPUS], "the site limit in force");
+    assert!(ack.in_force.iter().all(|c| c.limit == Watts(600)));
+}
