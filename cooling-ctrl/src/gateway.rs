@@ -27,7 +27,9 @@
 //!   MCU.
 //! - The BMS (with `northbound`): `run`'s northbound Modbus server,
 //!   whose reads come from the MCU's last status and whose writes go down
-//!   as [`Down::Limits`] and [`Down::Outdoor`] ([`bms`]).
+//!   as [`Down::Limits`] and [`Down::Outdoor`] ([`bms`]). At the stop
+//!   its writes are closed off, and those already taken are applied and
+//!   their limits kept, before the bus is left (as `run`).
 //! - Operators' clears, signed by the operator, from the gateway's
 //!   console socket, go down as [`Down::Clear`]; the MCU's answer goes
 //!   back to the operator's `ctl` ([`clears`]).
@@ -79,7 +81,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::facility::FacilityRole;
 use crate::northbound::{NorthboundSnapshot, NorthboundWrite};
-use crate::shell::{bus_config, hall_state, host_report, next};
+use crate::shell::{bus_config, hall_state, host_report, last_bms_writes, next};
 use crate::shell::{send_lease, send_state, start_bus};
 use crate::shell::{BusOptions, LeaseNotSent, NorthboundLink, ShellConfig, ShellError};
 use bms::{BmsBridge, Heard};
@@ -302,6 +304,11 @@ pub async fn run(
             _ = &mut shutdown => break,
         }
     }
+    // The BMS's writes the server already answered for are taken and
+    // their limits kept before the (slow) leaving of the bus; later ones
+    // are refused.
+    last_bms_writes(bms_writes, |ws| gw.on_bms(ws));
+    gw.keep_bms_limits();
     link.task.abort();
     gw.stop(bus_task).await;
     Ok(())

@@ -121,6 +121,7 @@ mod stats;
 use crate::decide::leases::LeaseBook;
 pub use crate::decide::leases::{cap_lease, CAP_RESEND_W, LIFT_DURATION};
 use crate::decide::outdoor::{self, OutdoorSource, OutdoorSources};
+pub(crate) use bms::last_bms_writes;
 pub(crate) use facility::{hall_state, hall_subscription, FacilityLink};
 use keeping::{learned_keeper, Keeping};
 pub use leases::{host_report, send_lease, LeaseNotSent};

@@ -6,7 +6,8 @@
 //! come, between steps, and shown at once: the northbound server answers
 //! a write once its snapshot shows it. At the stop the writes channel is
 //! closed and what it holds applied before the limits are kept
-//! ([`Shell::last_bms_writes`]).
+//! ([`Shell::last_bms_writes`]; the gateway's stop too,
+//! [`last_bms_writes`]).
 use super::*;
 use crate::northbound::AlarmAck;
 
@@ -192,13 +193,24 @@ impl<P: CduPort> Shell<P> {
     /// lose it, and the writes it already handed on are applied (and so
     /// kept in flash): the BMS writes a limit once, when it changes.
     pub(super) fn last_bms_writes(&mut self, rx: Option<mpsc::Receiver<Vec<NorthboundWrite>>>) {
-        let Some(mut rx) = rx else {
-            return;
-        };
-        rx.close();
-        while let Ok(ws) = rx.try_recv() {
-            self.on_bms(ws);
-        }
+        last_bms_writes(rx, |ws| self.on_bms(ws));
+    }
+}
+
+/// At the stop of `run` or the gateway, before the BMS's limits are
+/// kept: the writes channel `rx` is closed (the server refuses a later
+/// write with exception 4), and each request it already took goes to
+/// `take`, in order, as the loop would have taken it.
+pub(crate) fn last_bms_writes(
+    rx: Option<mpsc::Receiver<Vec<NorthboundWrite>>>,
+    mut take: impl FnMut(Vec<NorthboundWrite>),
+) {
+    let Some(mut rx) = rx else {
+        return;
+    };
+    rx.close();
+    while let Ok(ws) = rx.try_recv() {
+        take(ws);
     }
 }
 
