@@ -1,5 +1,6 @@
 //! The agent's shell, played for the node's tests (`node_step.rs`,
-//! `node_step_limits.rs`, `ceiling_properties.rs`, `cooling_properties.rs`):
+//! `node_step_limits.rs`, `range_learned.rs`, `ceiling_properties.rs`,
+//! `cooling_properties.rs`):
 //! four fake GPUs with their power limits, a
 //! fake flash (the commands logged, the limits, health, phases, pending
 //! cooling-loss steps and replay floors kept), and a record of what went
@@ -8,7 +9,8 @@
 //! a crash ([`Host::restarted`], [`Host::crashed`]). A GPU's limit reads
 //! and sets can be made to fail ([`Host::unreadable`],
 //! [`Host::back_fails`], [`Host::sets_lost`]), as a worker busy past its
-//! deadline or an NVML error makes them.
+//! deadline or an NVML error makes them; a GPU's range can be other than
+//! the one the node was given, and learned by a set ([`Host::nvml_range`]).
 //!
 //! Glossary:
 //! - *pending*: a cooling-loss step handed out (its commands running)
@@ -77,6 +79,12 @@ pub struct Host {
     /// was given (the board's stood in for NVML's): a set below it is
     /// set at it instead, as the shell does after NVML's refusal.
     pub floor: [Option<Watts>; GPUS],
+    /// Each GPU's settable range as NVML gives it, where it is not the
+    /// one the node was given: a set outside it is set within it, and a
+    /// set that took and read back at another limit than asked answers
+    /// it ([`LimitResult::range`]), as the shell's description after
+    /// such a set does.
+    pub nvml_range: [Option<GpuRange>; GPUS],
     /// The GPUs whose limit reads just before a set that asks it
     /// ([`SetLimit::read_first`](node_core::node::SetLimit)) even while
     /// `unreadable` (a busy GPU that answered this once); any other reads
@@ -276,6 +284,7 @@ impl Host {
             back_fails: [false; GPUS],
             sets_lost: [false; GPUS],
             floor: [None; GPUS],
+            nvml_range: [None; GPUS],
             reads_before_set: [false; GPUS],
             acks: Vec::new(),
             events: Vec::new(),
@@ -425,7 +434,8 @@ impl Host {
         } else if self.sets_lost[i] {
             Err("Timeout".to_string())
         } else {
-            self.limits[i] = self.floor[i].map_or(s.limit, |f| s.limit.max(f));
+            let limit = self.floor[i].map_or(s.limit, |f| s.limit.max(f));
+            self.limits[i] = self.nvml_range[i].map_or(limit, |r| limit.clamp(r.min, r.max));
             Ok(())
         };
         let back = if self.back_fails[i] {
@@ -433,13 +443,19 @@ impl Host {
         } else {
             Ok(self.limits[i])
         };
+        // As the shell: a set that took and read back at another limit
+        // than asked has the GPU described again.
+        let range = match (&set, &back) {
+            (Ok(()), Ok(b)) if *b != s.limit => self.nvml_range[i],
+            _ => None,
+        };
         LimitResult {
             gpu: s.gpu,
             limit: s.limit,
             set,
             back,
             first,
-            range: None,
+            range,
         }
     }
 
