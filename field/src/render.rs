@@ -110,9 +110,15 @@ pub fn resends(v: &Value) -> String {
 /// The `events` answer (`{"events": [{"seq", "time_ms", "event", "text"}],
 /// "queued_for_flash"}`) as a table, each event as its sentence; `no
 /// events` when empty. Writes still queued for the flash when it was read
-/// (a storm's) are said below it: their events are not in it yet.
+/// (a storm's) are said below it: their events are not in it yet; so are
+/// the rows left out before it (`earlier`, a serial console's bound).
 pub fn events_table(v: &Value) -> String {
     let mut out = events_rows(v);
+    if let Some(n) = v["earlier"].as_u64().filter(|&n| n > 0) {
+        out.push_str(&format!(
+            "({n} earlier events not shown; `events --since T` shows those since T: 30s, 10m, 2h, 1d)\n"
+        ));
+    }
     match v["queued_for_flash"].as_u64() {
         Some(n) if n > 0 => out.push_str(&format!(
             "({n} writes were still queued for the flash: events among them are not shown yet; ask again)\n"
@@ -205,6 +211,14 @@ mod tests {
         assert_eq!(
             events_table(&json!({"events": [], "queued_for_flash": 0})),
             "no events\n"
+        );
+        let v = json!({"events": [{"seq": 9, "time_ms": 0, "text": "t"}], "earlier": 1234});
+        let t = events_table(&v);
+        assert!(
+            t.ends_with(
+                "(1234 earlier events not shown; `events --since T` shows those since T: 30s, 10m, 2h, 1d)\n"
+            ),
+            "{t}"
         );
         let v = json!({"events": [
             {"seq": 7, "time_ms": 1_795_953_600_123u64, "event": {"leak": {}}, "text": "rack 1: leak detected"},

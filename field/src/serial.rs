@@ -10,7 +10,9 @@
 //! steady time, writes what it says, asks the agent, checks passwords off
 //! the runtime ([`password`]), and hands [`record`]s to the flash log.
 //! The port is opened again 5 s after it fails; the session then ends as
-//! "line lost".
+//! "line lost". The port is read while an answer is written: Ctrl-C there
+//! drops the rest of it (`^C (output cut)`); other keys typed meanwhile
+//! wait their turn (at most [`TYPED_AHEAD_MAX`] bytes).
 //!
 //! One session state and one steady clock serve every opening of the
 //! port: [`serve`] starts the clock once, and the session's times (the
@@ -233,12 +235,16 @@ async fn stalled_after<T>(
 ) -> std::io::Result<T> {
     match tokio::time::timeout(limit, step).await {
         Ok(r) => r,
-        Err(_) => Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("nothing written in {} s", limit.as_secs()),
-        )),
+        Err(_) => Err(stalled(limit)),
     }
 }
+
+/// Most bytes typed while an answer is written that are kept for after
+/// it; more are dropped (a Ctrl-C among them still cuts the answer).
+pub const TYPED_AHEAD_MAX: usize = 1024;
+
+/// Ctrl-C: typed while an answer is written, it cuts the answer.
+const CTRL_C: u8 = 0x03;
 
 /// How long after a failure the port is opened again.
 const REOPEN_AFTER: Duration = Duration::from_secs(5);
@@ -327,8 +333,11 @@ where
     A: SerialAgent,
     J: Fn(Record),
 {
+    let (reader, writer) = tokio::io::split(port);
     let mut shell = Shell {
-        port,
+        reader,
+        writer,
+        typed: Vec::new(),
         epoch,
         console,
         operator: operator_name(&console.port),
@@ -346,7 +355,11 @@ where
 
 /// The moving parts of one opened port.
 struct Shell<'a, S, A, J> {
-    port: S,
+    reader: tokio::io::ReadHalf<S>,
+    writer: tokio::io::WriteHalf<S>,
+    /// Read and not yet fed to the session: typed while it was busy or
+    /// while an answer was written.
+    typed: Vec<u8>,
     /// The session's clock's zero (not this opening's).
     epoch: Instant,
     console: &'a SerialConsole,
@@ -372,21 +385,28 @@ where
         }
         let mut buf = [0u8; 256];
         loop {
-            let read = match session.idle_deadline() {
-                Some(ms) => {
-                    let at = self.epoch + Duration::from_millis(ms);
-                    tokio::time::timeout_at(at, self.port.read(&mut buf)).await
+            let result = if !self.typed.is_empty() {
+                self.feed(session).await
+            } else {
+                let read = match session.idle_deadline() {
+                    Some(ms) => {
+                        let at = self.epoch + Duration::from_millis(ms);
+                        tokio::time::timeout_at(at, self.reader.read(&mut buf)).await
+                    }
+                    None => Ok(self.reader.read(&mut buf).await),
+                };
+                match read {
+                    Err(_idle) => {
+                        let effects = session.tick(self.now());
+                        self.carry_out(session, effects).await
+                    }
+                    Ok(Ok(0)) => return std::io::ErrorKind::UnexpectedEof.into(),
+                    Ok(Ok(n)) => {
+                        self.typed.extend_from_slice(&buf[..n]);
+                        Ok(())
+                    }
+                    Ok(Err(e)) => return e,
                 }
-                None => Ok(self.port.read(&mut buf).await),
-            };
-            let result = match read {
-                Err(_idle) => {
-                    let effects = session.tick(self.now());
-                    self.carry_out(session, effects).await
-                }
-                Ok(Ok(0)) => return std::io::ErrorKind::UnexpectedEof.into(),
-                Ok(Ok(n)) => self.typed(session, &buf[..n]).await,
-                Ok(Err(e)) => return e,
             };
             if let Err(e) = result {
                 return e;
@@ -394,12 +414,17 @@ where
         }
     }
 
-    /// Feeds `bytes` to the session, carrying out what each part says.
-    async fn typed(&mut self, session: &mut Session, mut bytes: &[u8]) -> std::io::Result<()> {
-        while !bytes.is_empty() {
-            let step = session.input(self.now(), bytes);
-            bytes = &bytes[step.consumed..];
+    /// Feeds what was typed to the session, carrying out what each part
+    /// says (more may be typed, or cut, meanwhile).
+    async fn feed(&mut self, session: &mut Session) -> std::io::Result<()> {
+        while !self.typed.is_empty() {
+            let step = session.input(self.now(), &self.typed);
+            self.typed.drain(..step.consumed);
+            let stuck = step.consumed == 0 && step.effects.is_empty();
             self.carry_out(session, step.effects).await?;
+            if stuck {
+                break;
+            }
         }
         Ok(())
     }
@@ -414,7 +439,13 @@ where
         while let Some(effect) = queue.pop_front() {
             match effect {
                 Effect::Write(bytes) => {
-                    self.write(&bytes).await?;
+                    if self.write(&bytes).await? == Written::Cut {
+                        // What was still to be written goes with it.
+                        queue.retain(|e| !matches!(e, Effect::Write(_)));
+                        if let Effect::Write(cut) = session.cut() {
+                            write_moving(&mut self.writer, &cut).await?;
+                        }
+                    }
                     session.shown(self.now());
                 }
                 Effect::Record(what) => self.record(what),
@@ -437,9 +468,52 @@ where
 
     /// Writes `bytes` as fast as the line takes them: a long answer at a
     /// slow baud rate takes as long as it takes, and the line counts as
-    /// lost only when no byte went out for [`WRITE_TIMEOUT`].
-    async fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
-        write_moving(&mut self.port, bytes).await
+    /// lost only when no byte went out for [`WRITE_TIMEOUT`]. The port is
+    /// read meanwhile: a Ctrl-C stops the write ([`Written::Cut`]; it and
+    /// what was typed before it are dropped), other keys are kept for
+    /// after it.
+    async fn write(&mut self, mut bytes: &[u8]) -> std::io::Result<Written> {
+        let mut buf = [0u8; 256];
+        let mut stalled_at = Instant::now() + WRITE_TIMEOUT;
+        while !bytes.is_empty() {
+            let step = tokio::select! {
+                read = self.reader.read(&mut buf) => WriteStep::Read(read?),
+                wrote = tokio::time::timeout_at(stalled_at, self.writer.write(bytes)) => {
+                    WriteStep::Wrote(wrote.unwrap_or_else(|_| Err(stalled(WRITE_TIMEOUT))))
+                }
+            };
+            match step {
+                WriteStep::Read(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+                WriteStep::Read(n) => {
+                    if self.typed_ahead(&buf[..n]) {
+                        return Ok(Written::Cut);
+                    }
+                }
+                WriteStep::Wrote(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+                WriteStep::Wrote(Ok(n)) => {
+                    bytes = &bytes[n..];
+                    stalled_at = Instant::now() + WRITE_TIMEOUT;
+                }
+                WriteStep::Wrote(Err(e)) => return Err(e),
+            }
+        }
+        Ok(Written::Whole)
+    }
+
+    /// Keeps `bytes`, typed while an answer was written, for after it (at
+    /// most [`TYPED_AHEAD_MAX`]); true when a Ctrl-C is among them: it and
+    /// everything typed before it are dropped.
+    fn typed_ahead(&mut self, bytes: &[u8]) -> bool {
+        let (cut, rest) = match bytes.iter().rposition(|&b| b == CTRL_C) {
+            Some(i) => (true, &bytes[i + 1..]),
+            None => (false, bytes),
+        };
+        if cut {
+            self.typed.clear();
+        }
+        let room = TYPED_AHEAD_MAX.saturating_sub(self.typed.len());
+        self.typed.extend_from_slice(&rest[..rest.len().min(room)]);
+        cut
     }
 
     /// Checks `password` against the configured hash, off the runtime.
@@ -458,6 +532,28 @@ where
             what,
         });
     }
+}
+
+/// How a write ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    Whole,
+    /// Ctrl-C was typed before its end: the rest was dropped.
+    Cut,
+}
+
+/// What came first while writing: bytes read, or some written.
+enum WriteStep {
+    Read(usize),
+    Wrote(std::io::Result<usize>),
+}
+
+/// The error of a line that took no byte for `limit`.
+fn stalled(limit: Duration) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("nothing written in {} s", limit.as_secs()),
+    )
 }
 
 #[cfg(test)]

@@ -8,6 +8,8 @@
 //!   it to the agent (never empty).
 //! - *usage*: how a command is typed, said for a line with the wrong
 //!   arguments ([`Spec::usage`]).
+//! - *earlier*: the rows of the event log that `events` with no `--since`
+//!   leaves out on a serial console ([`last_events`]).
 
 use super::session::Spec;
 
@@ -42,6 +44,27 @@ pub fn events_since(args: &[&str], now_ms: u64) -> Result<Option<u64>, String> {
     }
 }
 
+/// Rows `events` shows on a serial console when no `--since` is given:
+/// the whole log (thousands of rows, a megabyte) takes minutes at 115200
+/// baud and more than twenty at 9600.
+pub const EVENTS_SHOWN: usize = 200;
+
+/// The answer `v` of `events` with no `--since`, as a serial console
+/// shows it: its last [`EVENTS_SHOWN`] rows, and how many came before
+/// them in `earlier` (absent when none). Any other answer (an error) as
+/// it is.
+pub fn last_events(mut v: serde_json::Value) -> serde_json::Value {
+    let Some(events) = v.get_mut("events").and_then(|e| e.as_array_mut()) else {
+        return v;
+    };
+    let earlier = events.len().saturating_sub(EVENTS_SHOWN);
+    if earlier > 0 {
+        events.drain(..earlier);
+        v["earlier"] = earlier.into();
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,6 +78,27 @@ mod tests {
         let w = words("Clear-Leak 2 B");
         assert_eq!(split(&w), ("clear-leak".to_string(), vec!["2", "B"]));
         assert_eq!(split(&[]), (String::new(), vec![]));
+    }
+
+    #[test]
+    fn events_with_no_since_keeps_the_last_rows_and_counts_the_earlier() {
+        let rows = |n: u64| {
+            (0..n)
+                .map(|i| serde_json::json!({"seq": i}))
+                .collect::<Vec<_>>()
+        };
+        let v = last_events(serde_json::json!({"events": rows(250), "queued_for_flash": 1}));
+        let kept = v["events"].as_array().unwrap();
+        assert_eq!(kept.len(), EVENTS_SHOWN);
+        assert_eq!(kept[0]["seq"], 50);
+        assert_eq!(kept[EVENTS_SHOWN - 1]["seq"], 249);
+        assert_eq!(v["earlier"], 50);
+        assert_eq!(v["queued_for_flash"], 1);
+        let v = last_events(serde_json::json!({"events": rows(200)}));
+        assert_eq!(v["events"].as_array().unwrap().len(), 200);
+        assert!(v.get("earlier").is_none(), "{v}");
+        let e = serde_json::json!({"error": "reading the event log: gone"});
+        assert_eq!(last_events(e.clone()), e);
     }
 
     #[test]

@@ -527,6 +527,18 @@ impl Session {
         out
     }
 
+    /// Ctrl-C came while the shell was writing: the rest of that write is
+    /// dropped, and so is the line typed so far, as Ctrl-C does at the
+    /// prompt (a password prompt is left). What to write instead.
+    pub fn cut(&mut self) -> Effect {
+        self.cancel_password();
+        self.editor.restart();
+        self.editor.set_hidden(self.dropping);
+        let mut bytes = b"\r\n^C (output cut)\r\n".to_vec();
+        bytes.extend(self.prompt());
+        Effect::Write(bytes)
+    }
+
     /// The port failed: the session (if any) ends; its record.
     pub fn line_lost(&mut self) -> Vec<Effect> {
         let was = self.open.then(|| What::SessionClosed {

@@ -10,7 +10,7 @@
 //! the serial console offers no release; `login` works (and is logged)
 //! for a uniform procedure on both agents.
 
-use loopwarden_field::serial::request::{events_since, split, EVENTS};
+use loopwarden_field::serial::request::{events_since, last_events, split, EVENTS};
 use loopwarden_field::serial::session::Spec;
 use loopwarden_field::serial::{Answer, Identity, SerialAgent};
 
@@ -80,7 +80,17 @@ impl SerialAgent for SerialHost {
 
     async fn run(&self, words: &[String], _operator: &str) -> Answer {
         let parsed = parse(words, loopwarden_bus::now_ms().0);
-        Answer::asked(parsed, |req| answer(&self.0, req), render).await
+        let ask = |req: Request| async move {
+            // The whole log is minutes of a slow line: its last rows.
+            let all = matches!(req, Request::Events { since: None });
+            let v = answer(&self.0, req).await;
+            if all {
+                last_events(v)
+            } else {
+                v
+            }
+        };
+        Answer::asked(parsed, ask, render).await
     }
 }
 

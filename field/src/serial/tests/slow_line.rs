@@ -286,3 +286,45 @@ async fn the_port_is_never_drained_on_the_runtime_thread() {
         flushed_on.len()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn ctrl_c_cuts_a_long_answer_and_gives_the_prompt_back() {
+    // 100,000 lines, some 2.7 MB: more than five minutes at 115200 baud.
+    let (mut engineer, records) = slow_line(
+        Answering {
+            lines: Some(100_000),
+            after: Duration::ZERO,
+        },
+        Duration::from_secs(600),
+    );
+    until(&mut engineer, "u1> ").await;
+    engineer.write_all(b"status\r").await.unwrap();
+    until(&mut engineer, "event      0 of a long log\r\n").await;
+    engineer.write_all(b"\x03").await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let cut = "(output cut)\r\nu1> ";
+    // Looks only at the tail for the prompt: the whole answer, when it
+    // comes, is too long to search after every read.
+    while !String::from_utf8_lossy(&seen[seen.len().saturating_sub(200)..]).contains(cut) {
+        let read = tokio::time::timeout(Duration::from_secs(3600), engineer.read(&mut buf)).await;
+        let tail = String::from_utf8_lossy(&seen[seen.len().saturating_sub(200)..]).into_owned();
+        let n = read.unwrap_or_else(|_| panic!("no {cut:?} after {tail:?}"));
+        let n = n.unwrap();
+        assert!(n > 0, "closed after {} bytes", seen.len());
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8(seen).unwrap();
+    assert!(
+        text.contains("^C (output cut)"),
+        "{}",
+        &text[text.len() - 200..]
+    );
+    assert!(!text.contains("event  99999"), "the last line came first");
+    // The line is the engineer's again, Ctrl-C taken by the cut (no
+    // second prompt for it).
+    engineer.write_all(b"help\r").await.unwrap();
+    let text = until(&mut engineer, "u1> ").await;
+    assert!(text.starts_with("help\r\ncommands:"), "{text:?}");
+    assert_eq!(*records.lock().unwrap(), [What::SessionOpened]);
+}
