@@ -37,8 +37,9 @@ use crate::worker::Worker;
 /// How often a GPU whose UUID is unknown is asked again.
 pub(super) const ASK_EVERY: Duration = Duration::from_secs(30);
 
-/// The range `info` gives, within the board's as at the start; `None`
-/// where it gives none ([`UNREAD_LIMIT`]: NVML could not say it).
+/// The range `info` gives, NVML's within the board's (at the start, the
+/// board's figures in place of any unread, and when learned later);
+/// `None` where it gives none ([`UNREAD_LIMIT`]: NVML could not say it).
 pub(super) fn range_of(info: &GpuInfo, config: &Config) -> Option<GpuRange> {
     if info.min_limit == UNREAD_LIMIT || info.max_limit == UNREAD_LIMIT {
         return None;

@@ -92,14 +92,19 @@ pub(super) async fn gpus(
             }
         };
         persistence(config, w.index(), info.persistence);
-        // What it can be set to, within the board's range. Its ceiling
-        // (the limit it runs at uncapped) is the node's: the limit found
-        // on it, within any site limit.
-        let max = info.max_limit.min(config.board.power.max_cap_w);
-        let min = info.min_limit.max(config.board.power.min_cap_w).min(max);
-        say_range(config, w.index(), &info, min);
+        // What it can be set to, within the board's range, as for a
+        // range learned later. Its ceiling (the limit it runs at
+        // uncapped) is the node's: the limit found on it, within any
+        // site limit. Never `None`: the board's figures (never 0 W) stood
+        // in for any limit unread.
+        let board = &config.board.power;
+        let range = super::identify::range_of(&info, config).unwrap_or(GpuRange {
+            min: board.min_cap_w,
+            max: board.max_cap_w,
+        });
+        say_range(config, w.index(), &info, range.min);
         gpus.push(GpuState {
-            range: GpuRange { min, max },
+            range,
             info,
             last: None,
             sampled_at: None,
