@@ -105,9 +105,6 @@ impl Agent {
         g.info.uuid = info.uuid;
         g.info.name = info.name;
         let uuid = g.info.uuid.clone();
-        if let Some(range) = range {
-            self.took_range(gpu, range).await;
-        }
         let kept = match self.kept_health(&uuid).await {
             Ok(Some(k)) => {
                 tracing::warn!(
@@ -137,6 +134,12 @@ impl Agent {
                 tracing::error!("GPU {gpu}: its kept power limits are unreadable ({e}); its ceiling stays the limit found on it");
                 None
             });
+        // The range only once the records kept before the restart are
+        // read: a ceiling it moves is kept at once, under the UUID just
+        // learned, and would stand in for the record it overwrites.
+        if let Some(range) = range {
+            self.took_range(gpu, range).await;
+        }
         self.step(Input::Identified {
             gpu,
             kept: kept.as_ref(),
