@@ -419,7 +419,10 @@ impl Gateway {
             self.stats.clears.unanswered += 1;
             let _ = reply.send(ClearOutcome::NoAnswer);
         }
-        if let Some(limits) = self.bms.due(now.mono_ms, false) {
+        // Limits due while the line is closed go when it opens
+        // (`on_link`): the closed line is not said as refusing them.
+        let open = self.stats.link_open;
+        if let Some(limits) = open.then(|| self.bms.due(now.mono_ms, false)).flatten() {
             self.send_bms(&limits);
         }
         self.keep_bms_limits();

@@ -5,15 +5,18 @@
 //!   stops is kept in flash before it stops; once it stops taking them,
 //!   the channel is closed, and the server refuses a write (exception 4)
 //!   rather than answer it as taken and lose it (as `run`,
-//!   `northbound_shutdown.rs`).
+//!   `northbound_shutdown.rs`);
+//! - the limits kept in flash go down when the line opens, without the
+//!   closed line before it being said as one that refuses them.
 //!
 //! Skipped when mosquitto is not installed, except under CI (`CI=true`).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cooling_core::CoreConfig;
 use cooling_ctrl::gateway::{self, link::LinkAddr, GatewayOptions, GatewayStats};
-use cooling_ctrl::journal::ControllerFlash;
+use cooling_ctrl::journal::{BmsKeeping, ControllerFlash};
 use cooling_ctrl::northbound::{self, NorthboundWrite};
 use cooling_ctrl::shell::{self, ShellConfig};
 use loopwarden_protocol::Ident;
@@ -156,5 +159,83 @@ async fn a_bms_write_while_the_gateway_stops_is_kept_or_refused() {
         flash.bms_limits,
         Ok(Some((last, 0.0))),
         "the last write the channel took is kept"
+    );
+}
+
+/// What the log says, as text.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Log {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// The gateway starts with the BMS's limits in flash, before its line
+/// to the microcontroller is open: they go down once it opens, and the
+/// log does not say a line that refuses them (nor that it takes them
+/// again), nor are the limits counted unsent.
+#[tokio::test]
+async fn limits_restored_at_the_start_go_down_when_the_line_opens_unsaid() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cdu.flash");
+    let flash = ControllerFlash::open(Some(&path)).expect("the flash file");
+    let mut keeping = BmsKeeping::after(flash.bms_limits_gen);
+    keeping.changed((31.5, -1.0));
+    keeping.offer(&flash.recorder);
+    flash.recorder.flush().await;
+    drop(flash);
+    let flash = ControllerFlash::open(Some(&path)).expect("the flash file again");
+    assert_eq!(flash.bms_limits, Ok(Some((31.5, -1.0))), "kept");
+
+    // The gateway's loop and its tasks run on this thread: its log is
+    // read here.
+    let log = Log::default();
+    let to = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || to.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let (_bms, writes) = mpsc::channel(4);
+    let mut gw = Gateway::start(&broker, flash, writes).await;
+    gw.wait("the limits down the opened line", |s| {
+        s.link_open && s.bms_forwarded >= 1
+    })
+    .await;
+    // Two more seconds of the line open.
+    let ticks = gw.stats.borrow().ticks;
+    gw.wait("two seconds", |s| s.ticks >= ticks + 2).await;
+    let last = gw.stop().await;
+    let said = log.text();
+    assert!(
+        said.contains("the BMS's limits restored from flash"),
+        "{said}"
+    );
+    for not in ["were not handed", "takes the BMS's messages again"] {
+        assert!(!said.contains(not), "{not:?} said:\n{said}");
+    }
+    assert_eq!(last.bms_forwarded, 1, "once when the line opened");
+    // The gateway's first `Alive` may go before the line opens (a frame
+    // not written: the line was down); nothing of the BMS's is counted.
+    let unsent = last.link.frames_unsent;
+    assert!(
+        unsent <= 1,
+        "{unsent} frames unsent: at most the first Alive"
     );
 }

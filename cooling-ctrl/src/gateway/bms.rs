@@ -165,12 +165,12 @@ impl BmsBridge {
     }
 
     /// The limits the BMS set before a restart of the gateway, as kept in
-    /// flash: in force again, and what goes down for them at once (and
-    /// again as [`BmsBridge::due`] says, as after a write).
-    pub fn restored(&mut self, (ceiling_c, offset_k): (f32, f32)) -> Down {
+    /// flash: in force again, and due ([`BmsBridge::due`]): they go down
+    /// when the MCU's line is open, then as after a write.
+    pub fn restored(&mut self, (ceiling_c, offset_k): (f32, f32)) {
         self.settings.setpoint_ceiling_c = ceiling_c;
         self.settings.plan_ceiling_offset_k = offset_k;
-        self.limits()
+        self.limits();
     }
 
     /// The limits the BMS set, to keep in flash: `None` until it wrote one.
@@ -579,7 +579,11 @@ mod tests {
         assert_eq!(b.limits_set(), Some((36.0, 0.0)));
         // Restored from flash, not handed: due at once too.
         let mut b = BmsBridge::new(&CoreConfig::default());
-        let down = b.restored((34.0, -1.0));
+        b.restored((34.0, -1.0));
+        let down = Down::Limits {
+            ceiling_c: 34.0,
+            offset_k: -1.0,
+        };
         assert_eq!(b.due(250, false), Some(down));
     }
 

@@ -42,8 +42,10 @@ impl Gateway {
     }
 
     /// The BMS's limits kept in flash before the restart (`read`, as
-    /// the flash was opened): in force again and sent down, or, when they
-    /// cannot be read, said, with none in force until the BMS writes them.
+    /// the flash was opened): in force again and due, to go down when the
+    /// line opens (the line is not open yet at the start, and a closed
+    /// line is no line refusing them), or, when they cannot be read,
+    /// said, with none in force until the BMS writes them.
     pub(super) fn restore_bms_limits(&mut self, read: &Result<Option<(f32, f32)>, String>) {
         match read {
             Ok(None) => {}
@@ -52,8 +54,7 @@ impl Gateway {
                 tracing::info!(
                     "cooling gateway: the BMS's limits restored from flash: setpoint ceiling {c:.2} °C, plan ceiling offset {o:.2} K"
                 );
-                let down = self.bms.restored(*limits);
-                self.send_bms(&down);
+                self.bms.restored(*limits);
             }
             Err(e) => tracing::error!(
                 "cooling gateway: the BMS's limits: {e}: none in force until the BMS writes them again"
