@@ -24,7 +24,6 @@ use std::time::Duration;
 
 use loopwarden_protocol::topic::filter;
 use loopwarden_protocol::{Family, Frame, Topic};
-use rand::SeedableRng;
 use rumqttc::{AsyncClient, ConnectionError, Event, EventLoop, Outgoing, Packet, QoS, Request};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -38,7 +37,7 @@ use super::presence::{self, Want};
 use super::session::{Queued, Session};
 use super::subscribing::Subscribing;
 use super::{Inbound, PublishError};
-use crate::backoff::Backoff;
+use crate::backoff::{Backoff, ReconnectRng};
 use crate::durable::{Pending, SharedOutbox};
 use crate::metrics::Metrics;
 
@@ -106,7 +105,7 @@ struct Core {
     ledger: Option<mpsc::UnboundedSender<(u32, Family)>>,
     presence: Option<presence::Control>,
     backoff: Backoff,
-    rng: rand::rngs::StdRng,
+    rng: ReconnectRng,
     errors_in_a_row: u32,
     /// Ready only once the broker answered the subscriptions.
     awaiting_suback: bool,
@@ -309,7 +308,7 @@ impl Core {
             removed,
             ledger: None,
             presence,
-            rng: rand::rngs::StdRng::from_entropy(),
+            rng: ReconnectRng::new(),
             errors_in_a_row: 0,
             awaiting_suback: false,
             ready: false,

@@ -26,13 +26,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loopwarden_protocol::Frame;
-use rand::SeedableRng;
 use rumqttc::{AsyncClient, Event, EventLoop, Incoming, Request};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::node::{Node, PresencePair};
+use crate::backoff::ReconnectRng;
 use crate::metrics::Metrics;
 
 /// How long a goodbye waits for the broker's acknowledgement.
@@ -153,7 +153,7 @@ struct Presence {
     want: watch::Receiver<Want>,
     link: Option<Link>,
     backoff: crate::backoff::Backoff,
-    rng: rand::rngs::StdRng,
+    rng: ReconnectRng,
     /// The generation whose given pair an accepted connection spent: a
     /// later connection of it needs fresh numbers.
     spent: Option<u64>,
@@ -168,7 +168,7 @@ async fn run(node: Arc<Node>, want: watch::Receiver<Want>) {
         want,
         link: None,
         backoff,
-        rng: rand::rngs::StdRng::from_entropy(),
+        rng: ReconnectRng::new(),
         spent: None,
         errors_in_a_row: 0,
     };
