@@ -516,14 +516,21 @@ where
         cut
     }
 
-    /// Checks `password` against the configured hash, off the runtime.
+    /// Checks `password` against the configured hash, off the runtime,
+    /// within [`password::VERIFY_LIMIT`]: a check that fails or takes
+    /// longer refuses the password, said in the log.
     async fn verify(&self, password: String) -> bool {
-        let Some(hash) = self.console.password_hash.clone() else {
+        let Some(hash) = &self.console.password_hash else {
             return false;
         };
-        tokio::task::spawn_blocking(move || password::verify(&hash, &password))
-            .await
-            .unwrap_or(false)
+        let (ok, why) = password::verify_within(password::VERIFY_LIMIT, hash, &password).await;
+        if let Some(why) = why {
+            tracing::error!(
+                "serial console {}: {why}; the login is refused",
+                self.console.port.display()
+            );
+        }
+        ok
     }
 
     fn record(&self, what: record::What) {

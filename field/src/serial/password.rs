@@ -6,20 +6,37 @@
 //! first, memory-hard (a copied configuration file is costly to attack
 //! with GPUs, of which a hall has many), and its PHC string carries its
 //! own parameters and salt, so a hash made elsewhere (the `argon2` tool,
-//! Python's `argon2-cffi`) is taken as it is. SHA-512 crypt (`$6$`) is not
-//! memory-hard; it is not taken.
+//! Python's `argon2-cffi`) is taken as it is, within bounds: every try
+//! at the port costs the agent the hash's memory and time, so one over
+//! [`MAX_M_KIB`] (RFC 9106's first recommendation, 2 GiB, would take the
+//! agent's memory), [`MAX_T`] passes or [`MAX_P`] lanes is refused at
+//! start, and so is one whose parameters or salt the crate refuses (it
+//! would refuse every password); a check is given [`VERIFY_LIMIT`].
+//! SHA-512 crypt (`$6$`) is not memory-hard; it is not taken.
 //!
 //! Glossary:
 //! - *PHC string*: the self-describing hash format of the Password
 //!   Hashing Competition: algorithm, version, parameters, salt, hash.
 
+use std::time::Duration;
+
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
-use argon2::Argon2;
+use argon2::{Argon2, Params};
 
 /// The shortest password taken, in characters.
 pub const MIN_PASSWORD: usize = 8;
 
-/// Checks that `hash` is an Argon2id PHC string; why not, in words.
+/// Most memory a hash may ask of each login, KiB (256 MiB).
+pub const MAX_M_KIB: u32 = 256 * 1024;
+/// Most passes a hash may ask (`t`).
+pub const MAX_T: u32 = 16;
+/// Most lanes a hash may ask (`p`).
+pub const MAX_P: u32 = 16;
+/// Longest a password's check may take; longer, it is refused.
+pub const VERIFY_LIMIT: Duration = Duration::from_secs(10);
+
+/// Checks that `hash` is an Argon2id PHC string that a login can afford
+/// and the crate takes; why not, in words.
 pub fn check_hash(hash: &str) -> Result<(), String> {
     let parsed = PasswordHash::new(hash)
         .map_err(|e| format!("not a PHC string ({e}); make one with `<agent> console-password`"))?;
@@ -31,6 +48,55 @@ pub fn check_hash(hash: &str) -> Result<(), String> {
     }
     if parsed.hash.is_none() || parsed.salt.is_none() {
         return Err("the PHC string has no salt or no hash".into());
+    }
+    check_params(&parsed)?;
+    check_salt(&parsed)
+}
+
+const REMAKE: &str = "make one with `<agent> console-password` (m=19456, 19 MiB)";
+
+/// The parameters as the crate reads them, within what a login can
+/// afford.
+fn check_params(parsed: &PasswordHash) -> Result<(), String> {
+    let params = Params::try_from(parsed).map_err(|e| {
+        format!(
+            "its parameters ({}) are refused by argon2: {e}; {REMAKE}",
+            parsed.params
+        )
+    })?;
+    let (m, t, p) = (params.m_cost(), params.t_cost(), params.p_cost());
+    if m > MAX_M_KIB {
+        return Err(format!(
+            "m={m} asks {} MiB of each login, over the {} MiB taken (every try at the port \
+             would take it); {REMAKE}",
+            m / 1024,
+            MAX_M_KIB / 1024
+        ));
+    }
+    if t > MAX_T {
+        return Err(format!("t={t} passes, over the {MAX_T} taken; {REMAKE}"));
+    }
+    if p > MAX_P {
+        return Err(format!("p={p} lanes, over the {MAX_P} taken; {REMAKE}"));
+    }
+    Ok(())
+}
+
+/// The salt, within the lengths the crate takes.
+fn check_salt(parsed: &PasswordHash) -> Result<(), String> {
+    let Some(salt) = parsed.salt else {
+        return Err("the PHC string has no salt".into());
+    };
+    let mut buf = [0u8; 64];
+    let len = salt
+        .decode_b64(&mut buf)
+        .map_err(|e| format!("its salt is not base64 ({e}); {REMAKE}"))?
+        .len();
+    if len < argon2::MIN_SALT_LEN {
+        return Err(format!(
+            "its salt is {len} bytes; argon2 takes {} or more; {REMAKE}",
+            argon2::MIN_SALT_LEN
+        ));
     }
     Ok(())
 }
@@ -44,6 +110,25 @@ pub fn verify(hash: &str, password: &str) -> bool {
     Argon2::default()
         .verify_password(password.as_bytes(), &parsed)
         .is_ok()
+}
+
+/// Whether `password` matches `hash`, checked off the runtime within
+/// `limit`; when not, why if it was not a mismatch (the check took too
+/// long, or failed): fail closed.
+pub async fn verify_within(limit: Duration, hash: &str, password: &str) -> (bool, Option<String>) {
+    let (hash, password) = (hash.to_string(), password.to_string());
+    let check = tokio::task::spawn_blocking(move || verify(&hash, &password));
+    match tokio::time::timeout(limit, check).await {
+        Ok(Ok(ok)) => (ok, None),
+        Ok(Err(e)) => (false, Some(format!("the password check failed: {e}"))),
+        Err(_) => (
+            false,
+            Some(format!(
+                "the password check took over {} s",
+                limit.as_secs()
+            )),
+        ),
+    }
 }
 
 /// The Argon2id hash of `password` (RFC 9106's second recommended
@@ -149,6 +234,44 @@ mod tests {
             hash("short").unwrap_err(),
             "the password is shorter than 8 characters"
         );
+    }
+
+    /// An Argon2id PHC string with `params` and `salt` (base64, no
+    /// padding) and a 32-byte hash.
+    fn phc(params: &str, salt: &str) -> String {
+        format!("$argon2id$v=19${params}${salt}$3GJrCfqH3v1dlk7xCWVvpdZsZJ1RnlrNj1NkTx7PqWE")
+    }
+
+    #[test]
+    fn a_hash_a_login_could_not_afford_or_the_crate_refuses_is_refused_at_start() {
+        // RFC 9106's first recommendation (argon2-cffi's high-memory
+        // profile): 2 GiB for every try at the port.
+        let e = check_hash(&phc("m=2097152,t=1,p=4", "c29tZXNhbHRzb21lc2FsdA")).unwrap_err();
+        assert!(e.contains("m=2097152") && e.contains("256 MiB"), "{e}");
+        let e = check_hash(&phc("m=19456,t=1000,p=1", "c29tZXNhbHRzb21lc2FsdA")).unwrap_err();
+        assert!(e.contains("t=1000"), "{e}");
+        let e = check_hash(&phc("m=65536,t=1,p=64", "c29tZXNhbHRzb21lc2FsdA")).unwrap_err();
+        assert!(e.contains("p=64"), "{e}");
+        // What the crate refuses would refuse every password.
+        let e = check_hash(&phc("m=7,t=1,p=1", "c29tZXNhbHRzb21lc2FsdA")).unwrap_err();
+        assert!(e.contains("m=7"), "{e}");
+        let e = check_hash(&phc("m=19456,t=2,p=1", "MTIzNA")).unwrap_err();
+        assert!(e.contains("salt") && e.contains("4 bytes"), "{e}");
+        // RFC 9106's second recommendation, 64 MiB, is taken.
+        check_hash(&phc("m=65536,t=3,p=4", "c29tZXNhbHRzb21lc2FsdA")).unwrap();
+        check_hash(&hash("correct horse").unwrap()).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_check_that_takes_too_long_refuses_the_password() {
+        let h = hash("correct horse").unwrap();
+        let (ok, _) = verify_within(Duration::from_secs(60), &h, "correct horse").await;
+        assert!(ok);
+        let (ok, why) = verify_within(Duration::ZERO, &h, "correct horse").await;
+        assert!(!ok);
+        assert_eq!(why.as_deref(), Some("the password check took over 0 s"));
+        let (ok, why) = verify_within(Duration::from_secs(60), &h, "wrong horse").await;
+        assert!(!ok && why.is_none());
     }
 
     #[test]
