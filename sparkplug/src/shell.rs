@@ -393,9 +393,13 @@ fn loopwarden_filters(site: &Ident) -> Result<Vec<String>> {
 /// change), and nothing tells which: the senders' clocks are not the
 /// bridge's, and only the queue's order says what came first. Each is
 /// discarded before the core declares every device dead, so that none is
-/// born again by a frame older than what was lost, only by its next one
-/// (a frame queued after the drop and discarded too costs a device at
-/// most its next sample).
+/// born again by a frame older than what was lost, only by its next one.
+/// A frame queued after the drop is discarded too: a sample costs a
+/// device its next second, but a health frame, sent only on a change and
+/// then every 60 rounds, leaves the host's health null until that
+/// republish (a quarantine in the window is shown null for up to a
+/// minute at the default period, never as healthy); a CDU's state,
+/// republished every minute too, likewise.
 fn inbound_dropped(
     core: &mut Bridge,
     now: Now,
