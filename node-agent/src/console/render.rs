@@ -242,6 +242,8 @@ fn gpus(v: &Value) -> String {
                 s(&g["ecc"]["dbe_volatile"])
             ),
             s(&g["unsupported"]),
+            call_times(&g["call_ms"]),
+            s(&g["late_answers"]),
         ]
     });
     table(
@@ -258,9 +260,20 @@ fn gpus(v: &Value) -> String {
             "THROTTLE",
             "ECC SBE/DBE",
             "UNSUPPORTED",
+            "CALL LAST/MAX",
+            "LATE",
         ],
         &rows,
     )
+}
+
+/// A GPU's last and longest sample call (`call_ms`), ms to a tenth, or
+/// `-` when not known.
+fn call_times(c: &Value) -> String {
+    match (c["last"].as_f64(), c["max"].as_f64()) {
+        (Some(last), Some(max)) => format!("{last:.1}/{max:.1} ms"),
+        _ => "-".into(),
+    }
 }
 
 /// A sample's age in seconds, to a tenth, or `-` before the first.
@@ -585,10 +598,42 @@ mod tests {
             cells,
             [
                 "0", "NO", "(0", "missed)", "-", "healthy", "-", "-", "-", "/", "-", "-", "-", "-",
-                "-/-", "-"
+                "-/-", "-", "-", "-"
             ],
             "{t}"
         );
+    }
+
+    /// Each GPU's own sample-call times and late answers are in its row
+    /// (`status` has only the slowest GPU's).
+    #[test]
+    fn gpus_show_each_gpus_call_times_and_late_answers() {
+        let gpu = |n: u64, last: f64, max: f64, late: u64| {
+            json!({"gpu": n, "responsive": true, "health": "healthy",
+                "call_ms": {"last": last, "max": max, "running": 0.0}, "late_answers": late})
+        };
+        let v = json!({"gpus": [gpu(0, 0.377, 2.514, 0), gpu(1, 183.25, 912.0, 7)]});
+        let t = gpus(&v);
+        let rows: Vec<Vec<&str>> = t
+            .lines()
+            .map(|l| {
+                l.split("  ")
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .collect()
+            })
+            .collect();
+        let col = |name: &str| {
+            rows[0]
+                .iter()
+                .position(|&h| h == name)
+                .unwrap_or_else(|| panic!("no {name} column in\n{t}"))
+        };
+        let (call, late) = (col("CALL LAST/MAX"), col("LATE"));
+        assert_eq!(rows[1][call], "0.4/2.5 ms", "{t}");
+        assert_eq!(rows[1][late], "0", "{t}");
+        assert_eq!(rows[2][call], "183.2/912.0 ms", "{t}");
+        assert_eq!(rows[2][late], "7", "{t}");
     }
 
     /// Each protection switched off on purpose has a row of its own.
