@@ -259,6 +259,15 @@ impl ClearGate {
     /// Checks `c` at wall clock `wall_ms` (`None`: not known); when it is
     /// taken, its id becomes its operator's last.
     pub fn admit(&mut self, c: &SignedClear, wall_ms: Option<u64>) -> Result<Taken, Refusal> {
+        let taken = self.check(c, wall_ms)?;
+        self.take(&taken);
+        Ok(taken)
+    }
+
+    /// Whether `c` passes every check at wall clock `wall_ms`, its
+    /// operator's last id left as it is: what it would take
+    /// ([`ClearGate::take`]).
+    pub fn check(&self, c: &SignedClear, wall_ms: Option<u64>) -> Result<Taken, Refusal> {
         let this = self.cdu.ok_or(Refusal::NoKeyring)?;
         let clear = &c.clear;
         if clear.cdu.as_str() != this {
@@ -299,12 +308,16 @@ impl ClearGate {
                 })
             }
         }
-        self.last[slot] = Last::Id(clear.id);
         Ok(Taken {
             slot,
             name: op.name,
             id: clear.id,
         })
+    }
+
+    /// Clear `t`, checked, is taken: its id becomes its operator's last.
+    pub fn take(&mut self, t: &Taken) {
+        self.set(t.slot, Last::Id(t.id));
     }
 }
 

@@ -61,7 +61,7 @@ use crate::clears::{ClearGate, Taken};
 use crate::cost::InsnStats;
 use crate::outbound::MAX_FRAME;
 
-pub use down::{LinkCounts, HEAR_MAX_BYTES};
+pub use down::{LinkCounts, StepKeep, HEAR_MAX_BYTES};
 
 /// Said to the gateway at the first latched record that did not go to
 /// flash.

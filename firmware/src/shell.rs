@@ -26,7 +26,7 @@ use loopwarden_firmware::board::{self, icount, led::Led, uart, uart::Uart, watch
 use loopwarden_firmware::budget::{self, StepBudget, Transaction};
 use loopwarden_firmware::cdu::InputValues;
 use loopwarden_firmware::clears::{keyring, Last, Taken, MAX_OPERATORS};
-use loopwarden_firmware::controller::{said_words, Controller, Ports};
+use loopwarden_firmware::controller::{said_words, Controller, Ports, StepKeep};
 use loopwarden_firmware::latch::{self, LoadError};
 use loopwarden_firmware::learned::{self, LearnedFlash};
 use loopwarden_firmware::map::{self, Register};
@@ -38,6 +38,8 @@ use loopwarden_link::trace::Trace;
 use loopwarden_link::{Hello, ResetCause, Up};
 
 use crate::status::Line;
+
+mod clears;
 
 /// How long the CDU is given to answer a request, µs: a read's answer
 /// is 27 bytes (14 ms at 19,200 baud); the rest is the CDU's turnaround.
@@ -242,117 +244,6 @@ impl Shell {
         }
     }
 
-    /// The keyring built in, and each operator's last clear id.
-    fn restore_clears(&mut self, ctl: &mut Controller<'_>) {
-        let gate = ctl.gate_mut();
-        let Some(cdu) = gate.cdu() else {
-            let _ = writeln!(
-                self.console,
-                "clears: no operator keyring ({}): every clear is refused",
-                keyring::SOURCE
-            );
-            return;
-        };
-        let _ = writeln!(
-            self.console,
-            "clears: {} operator keys for CDU {cdu} (keyring {})",
-            keyring::OPERATORS.len(),
-            keyring::SOURCE
-        );
-        // Every slot read: the keyring may have changed since they were
-        // kept, and each operator's number is moved to their place.
-        match block_on(counters::restore(&mut self.store, gate)) {
-            Ok(r) => self.say_restored(&r),
-            Err(e) => {
-                let _ = writeln!(
-                    self.console,
-                    "clears: the operators' last clear numbers unreadable in flash: {e}; every operator's clears are refused until they are read (tried again each step)"
-                );
-            }
-        }
-    }
-
-    /// What the start's read of the operators' last clear numbers did.
-    fn say_restored(&mut self, r: &counters::Restored) {
-        if r.moved > 0 {
-            let _ = writeln!(
-                self.console,
-                "clears: {} operators' last clear numbers moved to their places in this keyring",
-                r.moved
-            );
-        }
-        if r.unplaced > 0 {
-            let _ = writeln!(
-                self.console,
-                "clears: {} operators' last clear numbers not moved to their places (no slot to copy another's aside): their clears are refused until they are (tried again each step)",
-                r.unplaced
-            );
-        }
-        // Each is an operator's place: its operator is refused at least
-        // (a damaged slot that is no operator's place refuses every
-        // operator, said as unreadable).
-        for d in &r.damaged {
-            let (a, b) = (d.refused.first().copied().unwrap_or(""), d.refused.get(1));
-            let (and, b) = (if b.is_some() { " and " } else { "" }, b.unwrap_or(&""));
-            let _ = writeln!(
-                self.console,
-                "error: clears: {}: the clears of {a}{and}{b} are refused until the flash is mended (docs/firmware.md: a damaged clear number); every other operator's clears are taken",
-                d.damaged,
-            );
-        }
-    }
-
-    /// The operators whose last clear number the flash could not read
-    /// or keep: read or kept again; one that now is has its clears taken
-    /// again (said on the console). A try that fails again is not said.
-    /// One keep a step at most (a write may take the NOR part's worst):
-    /// the others wait for the next steps. Returns whether it wrote (or
-    /// tried to): the step's hearing then keeps no clear's number.
-    #[inline(never)]
-    fn settle_clears(&mut self, ctl: &mut Controller<'_>) -> bool {
-        let gate = ctl.gate_mut();
-        let unsettled: heapless::Vec<(usize, &str, Last), MAX_OPERATORS> =
-            gate.unsettled().collect();
-        if unsettled.iter().any(|u| u.2 == Last::Unread) {
-            // Every slot read again, as at the start (a damaged slot is
-            // said at the start only), one number moved at most: the
-            // others stay unread until a later step moves them.
-            let r = block_on(counters::restore_step(&mut self.store, gate));
-            let unread = gate.unsettled().any(|u| u.2 == Last::Unread);
-            if r.is_ok() && !unread {
-                let _ = writeln!(
-                    self.console,
-                    "clears: the operators' last clear numbers read from flash: their clears are taken again"
-                );
-            }
-            // An operator whose number waits to be kept is tried below
-            // while another's slot stays damaged; not after a write here.
-            if r.is_err() || r.is_ok_and(|r| r.writes > 0) {
-                return true;
-            }
-        }
-        let mut wrote = false;
-        for (slot, name, last) in unsettled {
-            let settled = match last {
-                Last::Unkept(id) if !wrote => {
-                    wrote = true;
-                    block_on(counters::keep_clear(&mut self.store, slot, name, id))
-                        .ok()
-                        .map(|()| (Last::Id(id), "kept in"))
-                }
-                Last::Unkept(_) | Last::Unread | Last::Nothing | Last::Id(_) => None,
-            };
-            if let Some((l, how)) = settled {
-                gate.set(slot, l);
-                let _ = writeln!(
-                    self.console,
-                    "clears: {name}'s last clear number {how} flash: {name}'s clears are taken again"
-                );
-            }
-        }
-        wrote
-    }
-
     /// Boot is done, its stack peak `peak` (`Err`: the painted region's
     /// bottom was reached).
     pub fn boot_done(&mut self, peak: Result<u32, u32>) {
@@ -376,7 +267,7 @@ impl Shell {
     /// says and sending what is queued meanwhile; returns the tick.
     pub fn wait_for_tick(&mut self, ctl: &mut Controller<'_>, seen: u32) -> u32 {
         loop {
-            self.hear_gateway(ctl, clock::now_us() / 1000, false);
+            self.hear_gateway(ctl, clock::now_us() / 1000, StepKeep::NoWrite);
             self.pump();
             let t = clock::ticks();
             if t != seen {
@@ -395,11 +286,11 @@ impl Shell {
     /// Acts on the bytes the gateway sent, at `now_ms`: at most
     /// `controller::HEAR_MAX_BYTES` a call, none of them said on the console (bad
     /// frames and bytes the ring lost are counted, on the status line);
-    /// no clear's number kept where one was (`kept`) before it.
+    /// no clear's number kept in a step that wrote one (`keep`) before it.
     #[inline(never)]
-    fn hear_gateway(&mut self, ctl: &mut Controller<'_>, now_ms: u64, kept: bool) {
+    fn hear_gateway(&mut self, ctl: &mut Controller<'_>, now_ms: u64, keep: StepKeep) {
         let mut rx = self.gateway.receiver();
-        ctl.hear_after_keep(self, &mut rx, now_ms, kept);
+        ctl.hear_after_keep(self, &mut rx, now_ms, keep);
     }
 
     /// One control step at `tick`: what the gateway said, the CDU read,
@@ -411,8 +302,8 @@ impl Shell {
         let now_ms = start_us / 1000;
         self.budget = StepBudget::new(start_us, budget::STEP_BUDGET_US, TRANSACTION);
         self.work = (0, icount::now());
-        let kept = self.settle_clears(ctl);
-        self.hear_gateway(ctl, now_ms, kept);
+        let keep = self.settle_clears(ctl);
+        self.hear_gateway(ctl, now_ms, keep);
         let readings = self.read_cdu();
         ctl.step(self, readings, now_ms);
         self.act(ctl, tick, now_ms);

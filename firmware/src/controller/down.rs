@@ -111,27 +111,29 @@ impl Controller<'_> {
     /// past the watchdog); a further one is answered at once, to be sent
     /// again ([`AGAIN`]). Returns the bytes taken.
     pub fn hear(&mut self, p: &mut impl Ports, rx: &mut impl Read<u8>, now_ms: u64) -> usize {
-        self.hear_after_keep(p, rx, now_ms, false)
+        self.hear_after_keep(p, rx, now_ms, StepKeep::NoWrite)
     }
 
-    /// As [`Controller::hear`], in a step that kept a clear's number in
-    /// flash already (`kept`: one kept again before its hearing): then
-    /// every clear is answered to be sent again ([`AGAIN`]), so that a
-    /// step keeps one number at most (the watchdog's check counts one).
+    /// As [`Controller::hear`], in a step whose settling of the
+    /// operators' clear numbers did `keep` to the flash before its
+    /// hearing: after a write, tried or done, a clear that passes every
+    /// check is not kept nor acted on ([`StepKeep::refusal`]), so that a
+    /// step keeps one number at most (the watchdog's check counts one);
+    /// a clear refused by a check is refused as at any other time.
     pub fn hear_after_keep(
         &mut self,
         p: &mut impl Ports,
         rx: &mut impl Read<u8>,
         now_ms: u64,
-        kept: bool,
+        keep: StepKeep,
     ) -> usize {
         let mut taken = 0;
-        let mut clears = u32::from(kept);
+        let mut clears = 0;
         while taken < HEAR_MAX_BYTES {
             match rx.read() {
                 Ok(b) => {
                     taken += 1;
-                    self.on_byte_counting(p, b, now_ms, &mut clears);
+                    self.on_byte_counting(p, b, now_ms, (keep, &mut clears));
                 }
                 Err(nb::Error::WouldBlock) => break,
                 Err(nb::Error::Other(_)) => {
@@ -144,13 +146,20 @@ impl Controller<'_> {
 
     /// One byte from the gateway's UART at `now_ms`.
     pub fn on_byte(&mut self, p: &mut impl Ports, b: u8, now_ms: u64) {
-        self.on_byte_counting(p, b, now_ms, &mut 0);
+        self.on_byte_counting(p, b, now_ms, (StepKeep::NoWrite, &mut 0));
     }
 
-    /// One byte at `now_ms`, `clears` checked so far in this reading of
-    /// the line: a clear past the first is answered to be sent again.
+    /// One byte at `now_ms`, in a step that did `keep` to the flash,
+    /// `clears` checked so far in this reading of the line: a clear past
+    /// the first is answered to be sent again.
     #[inline(never)]
-    fn on_byte_counting(&mut self, p: &mut impl Ports, b: u8, now_ms: u64, clears: &mut u32) {
+    fn on_byte_counting(
+        &mut self,
+        p: &mut impl Ports,
+        b: u8,
+        now_ms: u64,
+        (keep, clears): (StepKeep, &mut u32),
+    ) {
         let Some(down) = self.message(p, b) else {
             return;
         };
@@ -169,7 +178,7 @@ impl Controller<'_> {
             if *clears > 1 {
                 return self.refuse_clear(p, c, &AGAIN);
             }
-            return self.on_clear(p, c, now_ms);
+            return self.on_clear(p, c, now_ms, keep);
         }
         self.on_down(p, &down, now_ms);
     }
@@ -394,11 +403,16 @@ impl Controller<'_> {
     /// An operator's clear `c`, heard at `now_ms`: acted on only once the
     /// gate took it and its number is kept in flash.
     #[inline(never)]
-    fn on_clear(&mut self, p: &mut impl Ports, c: &SignedClear, now_ms: u64) {
-        let taken = match self.gate.admit(c, self.wall_ms(now_ms)) {
+    fn on_clear(&mut self, p: &mut impl Ports, c: &SignedClear, now_ms: u64, keep: StepKeep) {
+        let taken = match self.gate.check(c, self.wall_ms(now_ms)) {
             Ok(t) => t,
             Err(why) => return self.refuse_clear(p, c, &why),
         };
+        if let Some(why) = keep.refusal() {
+            // Not taken: its number is not used up.
+            return self.refuse_clear(p, c, &why);
+        }
+        self.gate.take(&taken);
         if p.keep_clear(&taken) {
             return self.clear(p, c);
         }
@@ -471,11 +485,57 @@ impl Controller<'_> {
 /// flash.
 const UNKEPT: &str = "not acted on: its number could not be kept in flash";
 
-/// Why a clear past the first of one reading of the gateway's line, or
-/// one heard in a step that kept an earlier clear's number in flash
-/// already, is not checked: nothing was taken, its number is not used up.
+/// Why a clear past the first of one reading of the gateway's line is
+/// not checked: nothing was taken, its number is not used up.
 pub const AGAIN: &str =
     "not checked: another clear was taken in hand just before it; send it again";
+
+/// Why a clear that passed every check, heard in a step that kept an
+/// earlier clear's number in flash, is not acted on: its number is not
+/// used up.
+pub const BUSY: &str = "not acted on: the flash is busy keeping an earlier clear's number; send it again after the next step";
+
+/// Why a clear that passed every check, heard in a step whose keep of an
+/// earlier clear's number the flash refused, is not acted on: its number
+/// is not used up.
+pub const FLASH_FAILING: &str = "not acted on: the flash failed to keep another clear's number this step; send it again after the next step";
+
+/// What a step's settling of the operators' clear numbers did to the
+/// flash before its hearing of the gateway (the shell's, each step): a
+/// step writes one number at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKeep {
+    /// Nothing written (reads alone, or nothing to settle): a clear is
+    /// kept and acted on as between steps.
+    NoWrite,
+    /// A number written: the step's one write is spent.
+    Wrote,
+    /// A write the flash refused: the step's one write is spent, and the
+    /// flash is failing.
+    Failed,
+}
+
+impl StepKeep {
+    /// Of a settling that wrote `writes` slots (tried, gone in or not),
+    /// `failed`: the flash refused one.
+    pub fn of(writes: usize, failed: bool) -> Self {
+        match (writes, failed) {
+            (0, _) => StepKeep::NoWrite,
+            (_, false) => StepKeep::Wrote,
+            (_, true) => StepKeep::Failed,
+        }
+    }
+
+    /// Why a clear that passed every check in such a step is not kept nor
+    /// acted on; `None`: it is.
+    pub fn refusal(self) -> Option<&'static str> {
+        match self {
+            StepKeep::NoWrite => None,
+            StepKeep::Wrote => Some(BUSY),
+            StepKeep::Failed => Some(FLASH_FAILING),
+        }
+    }
+}
 
 /// Why a pump's clear is refused while the CDU's pump faults are not
 /// read (as the Linux controller says it, within an answer's words).

@@ -4,6 +4,7 @@
 //! CDU's pump faults, the flash) is not known.
 
 use super::*;
+use crate::clears::Last;
 
 fn answers(p: &Fake) -> Vec<(u32, Result<(), String>)> {
     (p.ups.iter())
@@ -158,7 +159,7 @@ fn a_clear_whose_number_the_flash_does_not_keep_is_not_acted_on() {
         .iter()
         .any(|u| matches!(u, Up::Event(Event::OperatorCleared { .. }))));
     // The shell's retry kept it: the next clear is kept, then acted on.
-    c.gate_mut().set(0, crate::clears::Last::Id(1));
+    c.gate_mut().set(0, Last::Id(1));
     let taken = hear(&mut c, p, &clear(3), 8_200);
     assert_eq!((taken.len(), taken[0].id), (1, 3));
     assert_eq!(c.decider().core().leaks_latched(), 0);
@@ -277,10 +278,11 @@ fn of_clears_back_to_back_the_first_is_checked_and_the_others_answered_to_send_a
 }
 
 #[test]
-fn a_clear_heard_in_a_step_that_kept_a_number_already_is_answered_to_send_again() {
+fn a_clear_heard_in_a_step_that_kept_a_number_already_is_answered_the_flash_is_busy() {
     // A step keeps one clear's number in flash at most: the number kept
     // again before its hearing, or a clear's heard (the watchdog's check
     // counts one).
+    use crate::controller::StepKeep;
     let mut d = decider(&Ok(None));
     let mut k = Box::new(LearnedKeeper::new());
     let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
@@ -290,17 +292,17 @@ fn a_clear_heard_in_a_step_that_kept_a_number_already_is_answered_to_send_again(
     let clear = Down::Clear(signed(1, "cdu1", NOW, ClearAction::Leak(2), SEED));
     let mut line = Line(bytes_of(&clear, p.seq).into_iter().collect());
     p.seq = p.seq.wrapping_add(1);
-    c.hear_after_keep(p, &mut line, 1_000, true);
+    c.hear_after_keep(p, &mut line, 1_000, StepKeep::Wrote);
     assert!(p.kept.is_empty(), "no number kept: {:?}", p.kept);
     let got = answers(p);
     assert_eq!(got.len(), 1);
     assert_eq!(
         got[0].1.as_ref().unwrap_err(),
-        crate::controller::down::AGAIN
+        crate::controller::down::BUSY
     );
     // Sent again while the step keeps none, it is checked and kept.
     let mut line = Line(bytes_of(&clear, p.seq).into_iter().collect());
-    c.hear_after_keep(p, &mut line, 1_100, false);
+    c.hear_after_keep(p, &mut line, 1_100, StepKeep::NoWrite);
     assert_eq!(p.kept.len(), 1);
 }
 
@@ -429,4 +431,76 @@ fn a_clear_s_answer_the_queue_had_no_room_for_goes_at_the_next_step() {
     while p.gateway.as_mut().unwrap().queue.pop().is_some() {}
     step(&mut c, p, Some(cdu(open, 0)), 9);
     assert_eq!(answers(p), [(1, Ok(()))], "sent at the next step");
+}
+
+/// The answer to jdoe's clear `id` heard alone in a step whose settling
+/// of the clears' numbers did `keep`, with `gate` set first; the numbers
+/// the hearing kept.
+fn heard_in_step(
+    id: u32,
+    keep: crate::controller::StepKeep,
+    gate: impl FnOnce(&mut ClearGate),
+) -> (Result<(), String>, usize) {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    hear(&mut c, p, &alive(1), 1_000);
+    gate(c.gate_mut());
+    let clear = Down::Clear(signed(id, "cdu1", NOW, ClearAction::Leak(2), SEED));
+    let mut line = Line(bytes_of(&clear, p.seq).into_iter().collect());
+    c.hear_after_keep(p, &mut line, 1_000, keep);
+    let got = answers(p);
+    assert_eq!(got.len(), 1, "{got:?}");
+    (got[0].1.clone(), p.kept.len())
+}
+
+#[test]
+fn a_clear_of_an_operator_whose_number_the_step_failed_to_keep_is_refused_until_it_is_kept() {
+    use crate::controller::StepKeep;
+    // jdoe's number 5 was not kept; the step's try failed again: jdoe's
+    // next clear is told why, as between steps, not to send it again.
+    let (answer, kept) = heard_in_step(6, StepKeep::of(1, true), |g| g.set(0, Last::Unkept(5)));
+    let why = crate::clears::Refusal::LastUnkept {
+        operator: loopwarden_protocol::Ident::new("jdoe").unwrap(),
+        id: 5,
+    };
+    assert_eq!(answer.unwrap_err(), said_words(&why).as_str());
+    assert_eq!(kept, 0);
+}
+
+#[test]
+fn a_step_that_only_read_the_flash_keeps_a_clear_heard_in_it() {
+    use crate::controller::StepKeep;
+    // Every slot read again and unreadable (an error, nothing written):
+    // the step's write is not spent, and the gate's own answer stands.
+    assert_eq!(StepKeep::of(0, false), StepKeep::NoWrite);
+    assert_eq!(StepKeep::of(0, true), StepKeep::NoWrite);
+    let (answer, kept) = heard_in_step(1, StepKeep::of(0, false), |_| {});
+    // Taken, its number kept, and acted on: no latched leak to clear.
+    assert!(answer.unwrap_err().starts_with("rack 2's leak: "));
+    assert_eq!(kept, 1);
+    let (answer, kept) = heard_in_step(1, StepKeep::of(0, false), |g| g.set(0, Last::Unread));
+    assert!(answer.unwrap_err().contains("could not be read from flash"));
+    assert_eq!(kept, 0);
+}
+
+#[test]
+fn a_clear_heard_in_a_step_whose_keep_failed_is_told_the_flash_fails() {
+    use crate::controller::{down, StepKeep};
+    assert_eq!(StepKeep::of(1, false), StepKeep::Wrote);
+    assert_eq!(StepKeep::of(1, true), StepKeep::Failed);
+    // asmith's number keeps failing to be kept; jdoe's clear, fine by
+    // every check, is not acted on, and told why.
+    let (answer, kept) = heard_in_step(3, StepKeep::of(1, true), |g| g.set(1, Last::Unkept(9)));
+    assert_eq!(answer.unwrap_err(), down::FLASH_FAILING);
+    // Both answers go whole to the operator's `ctl`.
+    for why in [down::BUSY, down::FLASH_FAILING] {
+        assert_eq!(said_words(&why).as_str(), why);
+    }
+    assert_eq!(kept, 0);
+    // A replay is a replay, whatever the step wrote.
+    let (answer, _) = heard_in_step(3, StepKeep::Wrote, |g| g.set(0, Last::Id(3)));
+    assert!(answer.unwrap_err().contains("a replay"));
 }
