@@ -33,7 +33,9 @@
 //!   done). A clear whose number the flash did not keep is not acted on
 //!   (a restart would forget the number, and the same signed clear could
 //!   be taken again): refused, and its operator's clears with it until a
-//!   later try keeps the number. A pump's clear while the CDU's pump
+//!   later try keeps the number. A step writes one number at most: a
+//!   clear that passes every check in a step that wrote one before its
+//!   hearing is not acted on, and told why ([`StepKeep`]). A pump's clear while the CDU's pump
 //!   faults are not read (no answer since the start, or none at the last
 //!   step) is refused, as on Linux: whether the CDU still shows the fault
 //!   is unknown.
