@@ -94,6 +94,44 @@ fn a_resume_that_fails_again_at_the_start_is_dropped_not_run_at_every_start() {
     assert_eq!(resumes, 2, "{}", read(&log));
 }
 
+/// A resume kept pending with the power-up before it, in one record (the
+/// power-up failed, or the agent was killed while it ran), is still the
+/// resume's last try at the next start: refused again, it is dropped, and
+/// the start after it does not run it a third time.
+#[test]
+fn a_resume_kept_behind_a_failed_power_up_runs_again_once_not_at_every_start() {
+    let Some(rig) = Rig::start("g5") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let power_up = noting(&rig, "power_up.sh", "ran", "exit 1");
+    let refused = "echo 'slurm_update error: Invalid node state specified' >&2; exit 1";
+    let resume = noting(&rig, "resume.sh", "resumed", refused);
+    let f = cooling_flags(&notes, &notes, &power_up, &resume);
+    let mut sub = rig.subscribe(&["event"]);
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    rig.publish_cdu_state(true, 1);
+    wait_for(&log, "ran power_down g5 2", 5);
+    rig.publish_cdu_state(false, 2);
+    let failed = (CoolingStep::Resume, false, Some(1));
+    let ev = events_until(&mut sub, 5, |ev| cooling_outcomes(ev).contains(&failed));
+    assert!(cooling_outcomes(&ev).contains(&failed), "{ev:?}");
+    let (status, _) = agent.terminate(Duration::from_secs(10));
+    assert!(status.success(), "{status}");
+    for _ in 0..2 {
+        let mut agent = rig.spawn_twin_process(ENTRY, 2, &f);
+        events_until(&mut sub, 3, |ev| cooling_outcomes(ev).len() >= 2);
+        let (status, _) = agent.terminate(Duration::from_secs(10));
+        assert!(status.success(), "{status}");
+    }
+    let resumes = lines(&log)
+        .iter()
+        .filter(|l| l.starts_with("resumed"))
+        .count();
+    assert_eq!(resumes, 2, "{}", read(&log));
+}
+
 /// A script that fails (exit 1) its first two runs, then ends well; each
 /// run noted as `<word> <its arguments>` in the actions' log.
 fn failing_twice(rig: &Rig, name: &str, word: &str) -> std::path::PathBuf {

@@ -581,7 +581,9 @@ impl Agent {
                     // In flash before the phase the runner waits for.
                     self.undo_quarantines_done();
                 }
-                if std::mem::take(&mut self.cooling.resume_kept) && step == CoolingStep::Resume {
+                // Only the resume takes the mark: a power-up handed out
+                // before it in the same record leaves it for the resume.
+                if step == CoolingStep::Resume && std::mem::take(&mut self.cooling.resume_kept) {
                     self.cooling.last_try = Some(job.id);
                 }
                 self.cooling.pending.push(job.id, step);
