@@ -490,7 +490,7 @@ pub(super) async fn restore(
     if phase != Phase::Cooled {
         tracing::warn!("a cooling loss from before the restart: {phase}; waiting for the CDU");
     }
-    Some((phase, drop_last_tries(store, phase, pending).await))
+    Some((phase, drop_last_tries(store, phase, pending)))
 }
 
 /// What the resume says when its last try did not end well: where the
@@ -505,7 +505,10 @@ const RESUME_BY_HAND: &str = "the node may be in service already (a scheduler re
 /// killed while it ran): said and dropped, the record kept without it, so
 /// a resume never runs at every start (it would lift a drain an operator
 /// made since).
-async fn drop_last_tries(
+///
+/// It blocks for the flash's writes (once, at the start): the store's
+/// writes are not futures an agent's task may hold (not `Send`).
+fn drop_last_tries(
     store: &mut ConfigStore<Flash>,
     phase: Phase,
     kept: Vec<KeptStep>,
@@ -519,7 +522,7 @@ async fn drop_last_tries(
          cut then: not run again; {RESUME_BY_HAND}"
     );
     for (key, value) in phase_items(phase, &steps) {
-        if let Err(e) = store.set(&key, &value).await {
+        if let Err(e) = futures::executor::block_on(store.set(&key, &value)) {
             tracing::error!(
                 "{key}: the resume dropped is not kept so ({e:?}): said again at the next start"
             );
