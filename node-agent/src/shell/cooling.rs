@@ -878,8 +878,13 @@ mod tests {
         );
     }
 
+    /// The start's restore, on a runtime as the agent's (it blocks for
+    /// its own flash writes, which a futures executor would refuse).
     fn restored(store: &mut ConfigStore<Flash>) -> Option<(Phase, Vec<CoolingStep>)> {
-        futures::executor::block_on(restore(store, None))
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime")
+            .block_on(restore(store, None))
     }
 
     fn keep(store: &mut ConfigStore<Flash>, phase: Phase, pending: &[CoolingStep]) {
