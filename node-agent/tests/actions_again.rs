@@ -132,6 +132,77 @@ fn a_resume_kept_behind_a_failed_power_up_runs_again_once_not_at_every_start() {
     assert_eq!(resumes, 2, "{}", read(&log));
 }
 
+/// A quarantine action that notes in the actions' log how many of its
+/// copies run at once as it starts (`quarantine <n> <its arguments>`),
+/// then takes `secs`.
+fn counting(rig: &Rig, secs: u32) -> std::path::PathBuf {
+    let dir = rig.dir.path();
+    let (lock, now, log) = (
+        dir.join("running.lock"),
+        dir.join("running"),
+        actions_log(rig),
+    );
+    let (lock, now, log) = (lock.display(), now.display(), log.display());
+    rig.script(
+        "slow.sh",
+        &format!(
+            "( flock 9; n=$(( $(cat {now} 2>/dev/null || echo 0) + 1 )); echo $n > {now}; echo \"quarantine $n $*\" >> {log} ) 9>{lock}\n\
+             sleep {secs}\n\
+             ( flock 9; echo $(( $(cat {now}) - 1 )) > {now} ) 9>{lock}"
+        ),
+    )
+}
+
+/// The host's quarantine actions run one at a time: two GPUs quarantined
+/// together, and a cooling-loss resume that ends while they run (each
+/// runs again after it), never run two copies of a command at once (a
+/// site's drain wrapper reads and writes the node's reason unlocked, and
+/// two at once lose one GPU's part): the run in flight when the resume
+/// ended runs again once it ended, the one waiting its turn runs once,
+/// after the resume.
+#[test]
+fn quarantine_actions_run_one_at_a_time_across_gpus_and_a_resume() {
+    let Some(rig) = Rig::start("g6") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let slow = counting(&rig, 3);
+    let mut f = cooling_flags(&notes, &notes, &notes, &notes);
+    f.extend(flags(&[
+        "--quarantine-action",
+        &format!("{} {{gpu}}", slow.display()),
+    ]));
+    let mut sub = rig.subscribe(&["event"]);
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    agent.xids(&[(0, 79), (1, 79)]);
+    wait_for(&log, "quarantine 1", 5);
+    rig.publish_cdu_state(true, 1);
+    wait_for(&log, "ran power_down g6 2", 5);
+    rig.publish_cdu_state(false, 2);
+    let ev = events_until(&mut sub, 30, |ev| {
+        quarantine_outcomes(ev, 0).len() >= 2 && !quarantine_outcomes(ev, 1).is_empty()
+    });
+    let text = read(&log);
+    let runs: Vec<_> = lines(&log)
+        .into_iter()
+        .filter(|l| l.starts_with("quarantine"))
+        .collect();
+    assert!(
+        runs.iter().all(|l| l.starts_with("quarantine 1 ")),
+        "two at once:\n{text}"
+    );
+    assert_eq!(quarantine_outcomes(&ev, 0), [(true, Some(0)); 2], "{text}");
+    assert_eq!(quarantine_outcomes(&ev, 1), [(true, Some(0))], "{text}");
+    let at = |l: &str| runs_at(&text, l);
+    assert!(at("ran resume") < at("quarantine 1 1"), "{text}");
+}
+
+/// The line of `text` that starts with `start`.
+fn runs_at(text: &str, start: &str) -> Option<usize> {
+    text.lines().position(|l| l.starts_with(start))
+}
+
 /// A script that fails (exit 1) its first two runs, then ends well; each
 /// run noted as `<word> <its arguments>` in the actions' log.
 fn failing_twice(rig: &Rig, name: &str, word: &str) -> std::path::PathBuf {

@@ -26,9 +26,18 @@
 //! time, until one ends well, the GPU is released or quarantined anew, or
 //! the agent stops (the next start runs it then).
 //!
+//! The host's quarantine actions run one at a time, in the order
+//! configured, on one task: a run waits (*queued*) while another GPU's
+//! runs, and a run asked for again while it runs (a cooling-loss resume
+//! ended, a retry) is marked *again* and starts once it ended, not beside
+//! it: a site's drain wrapper that reads and writes the node's reason
+//! without a lock never runs twice at once.
+//!
 //! Glossary:
 //! - *run*: the actions of one quarantine (a GPU and its stamp) still
-//!   running, or waiting to run again after one failed.
+//!   running, waiting their turn, or waiting to run again after one
+//!   failed.
+//! - *in flight*: a run whose actions have not all ended.
 
 use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::{Event, HealthState};
@@ -71,10 +80,15 @@ pub(crate) enum ActionDone {
 
 /// The actions of one quarantine still running, or waiting to run again
 /// after a run that failed.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Run {
-    /// How many have not ended.
+    /// How many have not ended (more than none: in flight).
     left: usize,
+    /// Waiting its turn (another run is in flight), with its reason.
+    queued: Option<String>,
+    /// Asked for again while in flight: it runs again once it ended,
+    /// and this run, ended well, is not done.
+    again: bool,
     /// Whether every one that ended, ended well.
     ok: bool,
     /// The runs in a row that failed.
@@ -430,49 +444,86 @@ impl Agent {
         }
     }
 
-    /// Starts every configured action for a quarantine of `gpu`, each on
-    /// its own task; outcomes come back to the loop.
+    /// Runs the configured actions for the quarantine of `gpu` in force:
+    /// at once, unless a run is in flight (then once it ended: one at a
+    /// time on the host); outcomes come back to the loop.
     pub(super) fn start_actions(&mut self, gpu: u8, reason: &str) {
-        let actions = &self.config.quarantine_actions;
-        if actions.is_empty() {
+        if self.config.quarantine_actions.is_empty() {
             return;
         }
+        let since = self.node.gpu_health(gpu).since.0;
+        let run = self.quarantine_runs.entry((gpu, since)).or_default();
+        if run.left > 0 {
+            run.again = true;
+            return tracing::info!(
+                "GPU {gpu}: its quarantine actions are running: they run again once they end"
+            );
+        }
+        run.queued = Some(reason.to_string());
+        self.start_next_run();
+    }
+
+    /// Starts the first run waiting its turn, unless one is in flight or
+    /// the agent is stopping (the next start runs it); a run whose GPU
+    /// was released or quarantined anew meanwhile is dropped, said.
+    fn start_next_run(&mut self) {
+        if self.quarantine_runs.values().any(|r| r.left > 0) || self.cooling.stopping() {
+            return;
+        }
+        let queued: Vec<_> = self
+            .quarantine_runs
+            .iter()
+            .filter(|(_, r)| r.queued.is_some())
+            .map(|(&k, _)| k)
+            .collect();
+        for (gpu, since) in queued {
+            let st = self.node.health().status(gpu);
+            if !st.is_some_and(|st| st.state == HealthState::Quarantined && st.since.0 == since) {
+                self.quarantine_runs.remove(&(gpu, since));
+                tracing::info!(
+                    "GPU {gpu}: released or quarantined anew: the actions of its quarantine waiting their turn do not run"
+                );
+                continue;
+            }
+            return self.spawn_run(gpu, since);
+        }
+    }
+
+    /// Spawns run `(gpu, since)`, queued: its actions one after another.
+    fn spawn_run(&mut self, gpu: u8, since: u64) {
+        let actions = &self.config.quarantine_actions;
+        let Some(run) = self.quarantine_runs.get_mut(&(gpu, since)) else {
+            return;
+        };
         let vars = actions::Vars {
             host: self.config.host.as_str().to_string(),
             site: self.config.site.as_str().to_string(),
             gpu,
             uuid: self.gpus[gpu as usize].info.uuid.clone(),
-            reason: reason.to_string(),
+            reason: run.queued.take().unwrap_or_default(),
         };
-        let since = self.node.gpu_health(gpu).since.0;
-        let run = self.quarantine_runs.entry((gpu, since)).or_insert(Run {
-            left: 0,
-            ok: true,
-            failures: 0,
-            retry: None,
-        });
-        if run.left == 0 {
-            // A new run: the one before it, if any, ended (and failed).
-            run.ok = true;
-            run.retry = None;
-        }
-        run.left += actions.len();
+        // A new run: the one before it, if any, ended.
+        run.ok = true;
+        run.retry = None;
+        run.again = false;
+        run.left = actions.len();
+        let argvs: Vec<_> = actions.iter().map(|a| actions::expand(a, &vars)).collect();
+        let timeout = self.config.quarantine_timeout;
+        let tx = self.actions.clone();
         self.running_actions.retain(|h| !h.is_finished());
-        for action in actions {
-            let argv = actions::expand(action, &vars);
-            let timeout = self.config.quarantine_timeout;
-            let tx = self.actions.clone();
-            self.running_actions.push(tokio::spawn(async move {
+        self.running_actions.push(tokio::spawn(async move {
+            for argv in argvs {
                 let outcome = actions::run(&argv, timeout).await;
-                let _ = tx
-                    .send(ActionDone::Ended {
-                        gpu,
-                        since,
-                        outcome,
-                    })
-                    .await;
-            }));
-        }
+                let done = ActionDone::Ended {
+                    gpu,
+                    since,
+                    outcome,
+                };
+                if tx.send(done).await.is_err() {
+                    return;
+                }
+            }
+        }));
     }
 
     /// At the start: the actions of each GPU kept quarantined whose
@@ -491,12 +542,17 @@ impl Agent {
 
     /// Runs the actions of `gpu`'s quarantine in force again, saying why.
     fn run_actions_again(&mut self, gpu: u8, why: &str) {
-        let Some(st) = self.node.health().status(gpu) else {
+        let Some(reason) = self.reason_of(gpu) else {
             return;
         };
-        let reason = format!("{}: {}", st.reason, st.evidence);
         tracing::warn!("GPU {gpu}: {why}: running its quarantine actions again");
         self.start_actions(gpu, &reason);
+    }
+
+    /// The `{reason}` of `gpu`'s quarantine in force.
+    fn reason_of(&self, gpu: u8) -> Option<String> {
+        let st = self.node.health().status(gpu)?;
+        Some(format!("{}: {}", st.reason, st.evidence))
     }
 
     /// A cooling-loss resume ended: it took the node back into service
@@ -591,11 +647,31 @@ impl Agent {
         self.emit(ev, self.clock.wall()).await;
     }
 
-    /// Every action of the run of `gpu`'s quarantine `since` ended: all
-    /// well, it is done (kept in flash); else its actions run again after
-    /// a wait ([`actions::retry_at`]), the timer's word coming back to the
-    /// loop ([`ActionDone::RetryDue`]).
+    /// Every action of the run of `gpu`'s quarantine `since` ended: the
+    /// next run waiting its turn starts, after this one's own again if it
+    /// was asked for again while in flight.
     fn run_ended(&mut self, gpu: u8, since: u64) {
+        let again = self
+            .quarantine_runs
+            .get(&(gpu, since))
+            .is_some_and(|r| r.again);
+        let reason = self.reason_of(gpu);
+        match (again, self.quarantine_runs.get_mut(&(gpu, since))) {
+            (true, Some(run)) => {
+                tracing::warn!("GPU {gpu}: asked for again while they ran: running its quarantine actions again");
+                run.again = false;
+                run.queued = Some(reason.unwrap_or_default());
+            }
+            _ => self.run_outcome(gpu, since),
+        }
+        self.start_next_run();
+    }
+
+    /// Run `(gpu, since)` ended, not asked for again: all well, it is
+    /// done (kept in flash); else its actions run again after a wait
+    /// ([`actions::retry_at`]), the timer's word coming back to the loop
+    /// ([`ActionDone::RetryDue`]).
+    fn run_outcome(&mut self, gpu: u8, since: u64) {
         let Some(run) = self.quarantine_runs.get_mut(&(gpu, since)) else {
             return;
         };
@@ -628,10 +704,10 @@ impl Agent {
     /// released or quarantined anew meanwhile, or the agent is stopping
     /// (the next start runs them).
     fn on_retry_due(&mut self, gpu: u8, since: u64, due: u64) {
-        let Some(run) = self.quarantine_runs.get(&(gpu, since)).copied() else {
+        let Some(run) = self.quarantine_runs.get(&(gpu, since)).cloned() else {
             return;
         };
-        if run.left > 0 || run.retry != Some(due) {
+        if run.left > 0 || run.queued.is_some() || run.retry != Some(due) {
             return;
         }
         let st = self.node.health().status(gpu);
