@@ -89,12 +89,19 @@ fn the_example_loads_with_this_hosts_settings_and_the_sites_files() {
         Some(Path::new("/var/lib/loopwarden/node-agent.flash"))
     );
     assert_eq!(
-        c.quarantine_actions[0][0], "scontrol",
-        "a quarantined GPU is drained"
+        c.quarantine_actions[0][..4],
+        ["loopwarden-slurm", "drain", "{host}", "gpu{gpu}"],
+        "a quarantined GPU is drained through the wrapper, tagged by GPU"
     );
     assert!(
         c.cooling_loss.any(),
         "a rack without cooling is drained and powered down"
+    );
+    // The cooling's resume lifts only the cooling's drain: never a
+    // person's, nor a quarantined GPU's.
+    assert_eq!(
+        c.cooling_loss.resume,
+        [["loopwarden-slurm", "resume", "{host}", "cooling"]]
     );
     assert_eq!(c.cooling_loss.grace, Duration::from_secs(30));
     assert!(c.opt_outs.is_empty(), "no protection switched off");
@@ -110,7 +117,7 @@ fn every_commented_setting_is_one_the_agent_takes() {
     assert_eq!(c.deadline, Duration::from_millis(250));
     assert_eq!(c.guard.engage.0, 85);
     assert_eq!(c.quarantine_actions.len(), 1);
-    assert_eq!(c.quarantine_actions[0][0], "scontrol");
+    assert_eq!(c.quarantine_actions[0][0], "loopwarden-slurm");
     assert!(c.cooling_loss.any());
     assert_eq!(c.metrics_listen, Some(([10, 0, 1, 7], 19400).into()));
     assert_eq!(c.console, Path::new("/run/loopwarden/node-agent.sock"));
