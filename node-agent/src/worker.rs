@@ -128,6 +128,9 @@ pub struct CallTimes {
     pub max_us: u64,
     /// Samples that answered after their deadline.
     pub late: u64,
+    /// Sample calls that ended since the start (in time or late): none,
+    /// and `last_us` and `max_us` are not known.
+    pub ended: u64,
     /// How long the call in flight (a sample, a limit call, a reprobe) has
     /// run so far, µs; 0 when the GPU is idle. A call that hangs shows
     /// here long before it ends (`last_us` is only known at its end).
@@ -611,6 +614,7 @@ fn deliver(s: &mut Shared, to: oneshot::Sender<Reply>, reply: Reply, took_us: u6
     if matches!(reply, Reply::Sample(_)) {
         s.times.last_us = took_us;
         s.times.max_us = s.times.max_us.max(took_us);
+        s.times.ended += 1;
     }
     // The caller may have given up; a sample is then kept for the next
     // round, anything else dropped (nobody waits for it).

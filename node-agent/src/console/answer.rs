@@ -255,16 +255,25 @@ fn gpus_view(snap: &Snapshot, now: TimestampMs) -> Vec<Value> {
                 "nvlink": field(U::NVLINK, &|s| json!(s.nvlink)),
                 "flags": field(U::empty(), &|s| json!(s.flags)),
                 "unsupported": field(U::empty(), &|s| json!(s.unsupported)),
-                "call_ms": {
-                    "last": g.calls.last_us as f64 / 1000.0,
-                    "max": g.calls.max_us as f64 / 1000.0,
-                    "running": g.calls.running_us as f64 / 1000.0,
-                },
+                "call_ms": call_ms(&g.calls, snap.deadline),
                 "late_answers": g.calls.late,
                 "nvlink_links_read": field(U::NVLINK, &|s| json!(s.nvlink_links.read)),
             })
         })
         .collect()
+}
+
+/// A GPU's sample call times, ms: the last and the longest null until a
+/// call ended (never a 0 that reads as the fastest), the call in flight
+/// null when idle, and whether it has run past the deadline.
+fn call_ms(c: &crate::worker::CallTimes, deadline: Duration) -> Value {
+    let ended = |us: u64| (c.ended > 0).then_some(us as f64 / 1000.0);
+    json!({
+        "last": ended(c.last_us),
+        "max": ended(c.max_us),
+        "running": (c.running_us > 0).then_some(c.running_us as f64 / 1000.0),
+        "stuck": c.running_us > deadline.as_micros() as u64,
+    })
 }
 
 fn caps_view(snap: &Snapshot, now: TimestampMs) -> Value {
@@ -620,6 +629,31 @@ mod tests {
             ..Snapshot::default()
         };
         assert_eq!(sample_calls_view(&snap)["stuck"], json!([]));
+    }
+
+    /// `ctl gpus` never shows a GPU whose first call hangs as the
+    /// fastest: its call times are not known (`-`, not `0.0/0.0`) until a
+    /// call ended, and its call running past the deadline is shown, with
+    /// how long it has run.
+    #[test]
+    fn gpus_show_a_call_running_past_the_deadline_and_no_time_before_one_ended() {
+        let mut hung = test_view();
+        hung.calls = crate::worker::CallTimes {
+            running_us: 184_000_000,
+            ..Default::default()
+        };
+        let snap = Snapshot {
+            gpus: vec![hung, test_view()],
+            deadline: Duration::from_millis(500),
+            ..Snapshot::default()
+        };
+        let v = json!({ "gpus": gpus_view(&snap, TimestampMs(1_700_000_002_500)) });
+        assert!(v["gpus"][0]["call_ms"]["last"].is_null(), "{v}");
+        let text = crate::console::render::render(&Request::Gpus, &v);
+        let rows: Vec<&str> = text.lines().collect();
+        assert!(!text.contains("0.0/0.0"), "{text}");
+        assert!(rows[1].contains("running 184.0 s"), "{text}");
+        assert!(!rows[2].contains("running"), "{text}");
     }
 
     /// A limit whose read-back failed is said to be not confirmed, with

@@ -268,11 +268,19 @@ fn gpus(v: &Value) -> String {
 }
 
 /// A GPU's last and longest sample call (`call_ms`), ms to a tenth, or
-/// `-` when not known.
+/// `-` before one ended; a call running past the deadline is said, with
+/// how long it has run (`running 184.0 s`).
 fn call_times(c: &Value) -> String {
-    match (c["last"].as_f64(), c["max"].as_f64()) {
-        (Some(last), Some(max)) => format!("{last:.1}/{max:.1} ms"),
-        _ => "-".into(),
+    let ended = match (c["last"].as_f64(), c["max"].as_f64()) {
+        (Some(last), Some(max)) => Some(format!("{last:.1}/{max:.1} ms")),
+        _ => None,
+    };
+    let running = c["running"].as_f64().filter(|_| c["stuck"] == true);
+    match (ended, running) {
+        (Some(t), Some(ms)) => format!("{t}, running {:.1} s", ms / 1000.0),
+        (None, Some(ms)) => format!("running {:.1} s", ms / 1000.0),
+        (Some(t), None) => t,
+        (None, None) => "-".into(),
     }
 }
 
