@@ -44,6 +44,7 @@ pub mod request;
 pub mod session;
 
 use crate::console::{unanswered_text, ANSWER_LIMIT};
+use password::Checked;
 use record::Record;
 use session::{Effect, Session, Settings, Spec};
 
@@ -260,6 +261,7 @@ where
     J: Fn(Record) + Send + Sync,
 {
     let mut session = new_session(&console, agent.as_ref());
+    let mut checks = password::Checker::default();
     let epoch = Instant::now();
     let mut said = None;
     loop {
@@ -267,7 +269,8 @@ where
             Ok(port) => {
                 said = None;
                 let agent = agent.as_ref();
-                let e = run(port, &mut session, epoch, &console, agent, &journal).await;
+                let held = (&mut session, &mut checks);
+                let e = run(port, held, epoch, &console, agent, &journal).await;
                 tracing::warn!(
                     "serial console {}: line lost: {e}; opening it again in {} s",
                     console.port.display(),
@@ -320,9 +323,11 @@ pub fn open(console: &SerialConsole) -> std::io::Result<tokio_serial::SerialStre
 /// session's end (if one was open) is recorded as "line lost". `epoch`
 /// is the session's clock's zero: the same for every opening of the port
 /// (the session's login lock and idle deadline are times on that clock).
+/// The session and its password checks (one in flight at a time) are
+/// held for every opening of the port.
 pub async fn run<S, A, J>(
     port: S,
-    session: &mut Session,
+    (session, checks): (&mut Session, &mut password::Checker),
     epoch: Instant,
     console: &SerialConsole,
     agent: &A,
@@ -343,6 +348,7 @@ where
         operator: operator_name(&console.port),
         agent,
         journal,
+        checks,
     };
     let e = shell.serve(session).await;
     for effect in session.line_lost() {
@@ -366,6 +372,8 @@ struct Shell<'a, S, A, J> {
     operator: String,
     agent: &'a A,
     journal: &'a J,
+    /// The password checks, one in flight at a time.
+    checks: &'a mut password::Checker,
 }
 
 impl<S, A, J> Shell<'_, S, A, J>
@@ -458,8 +466,12 @@ where
                     queue.extend(session.answered(self.now(), &text, ok));
                 }
                 Effect::Verify(password) => {
-                    let ok = self.verify(password).await;
-                    queue.extend(session.verified(self.now(), ok));
+                    let effects = match self.verify(password).await {
+                        Checked::Match => session.verified(self.now(), true),
+                        Checked::Mismatch => session.verified(self.now(), false),
+                        Checked::NotChecked(why) => session.not_checked(self.now(), &why),
+                    };
+                    queue.extend(effects);
                 }
             }
         }
@@ -517,20 +529,24 @@ where
     }
 
     /// Checks `password` against the configured hash, off the runtime,
-    /// within [`password::VERIFY_LIMIT`]: a check that fails or takes
-    /// longer refuses the password, said in the log.
-    async fn verify(&self, password: String) -> bool {
+    /// within [`password::VERIFY_LIMIT`], one check at a time: a check
+    /// that fails, takes longer or finds one still running logs nobody
+    /// in, said in the log and on the console.
+    async fn verify(&mut self, password: String) -> Checked {
         let Some(hash) = &self.console.password_hash else {
-            return false;
+            return Checked::Mismatch;
         };
-        let (ok, why) = password::verify_within(password::VERIFY_LIMIT, hash, &password).await;
-        if let Some(why) = why {
+        let checked = self
+            .checks
+            .check(password::VERIFY_LIMIT, hash, &password)
+            .await;
+        if let Checked::NotChecked(why) = &checked {
             tracing::error!(
-                "serial console {}: {why}; the login is refused",
+                "serial console {}: {why}; the login is not checked (not counted as a wrong password)",
                 self.console.port.display()
             );
         }
-        ok
+        checked
     }
 
     fn record(&self, what: record::What) {

@@ -11,12 +11,18 @@
 //! [`MAX_M_KIB`] (RFC 9106's first recommendation, 2 GiB, would take the
 //! agent's memory), [`MAX_T`] passes or [`MAX_P`] lanes is refused at
 //! start, and so is one whose parameters or salt the crate refuses (it
-//! would refuse every password); a check is given [`VERIFY_LIMIT`].
+//! would refuse every password), or one whose check takes this host over
+//! half of [`VERIFY_LIMIT`] ([`check_speed`], timed once at start). A
+//! check is given [`VERIFY_LIMIT`]; one check runs at a time
+//! ([`Checker`]): a check past its limit keeps its thread (and the
+//! hash's memory) until it ends, and a try meanwhile is not checked.
 //! SHA-512 crypt (`$6$`) is not memory-hard; it is not taken.
 //!
 //! Glossary:
 //! - *PHC string*: the self-describing hash format of the Password
 //!   Hashing Competition: algorithm, version, parameters, salt, hash.
+//! - *in flight*: a check whose thread has not ended, its caller's wait
+//!   over or not.
 
 use std::time::Duration;
 
@@ -112,23 +118,71 @@ pub fn verify(hash: &str, password: &str) -> bool {
         .is_ok()
 }
 
-/// Whether `password` matches `hash`, checked off the runtime within
-/// `limit`; when not, why if it was not a mismatch (the check took too
-/// long, or failed): fail closed.
-pub async fn verify_within(limit: Duration, hash: &str, password: &str) -> (bool, Option<String>) {
-    let (hash, password) = (hash.to_string(), password.to_string());
-    let check = tokio::task::spawn_blocking(move || verify(&hash, &password));
-    match tokio::time::timeout(limit, check).await {
-        Ok(Ok(ok)) => (ok, None),
-        Ok(Err(e)) => (false, Some(format!("the password check failed: {e}"))),
-        Err(_) => (
-            false,
-            Some(format!(
-                "the password check took over {} s",
+/// How a password's check ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checked {
+    /// The password matches the hash.
+    Match,
+    /// It does not: a wrong password.
+    Mismatch,
+    /// It was not known (the check took too long, failed, or an earlier
+    /// one still runs): why. Not a wrong password, and not a login.
+    NotChecked(String),
+}
+
+/// The password checks of one console, one in flight at a time: a check
+/// past its limit keeps its thread, and the hash's memory, until it ends.
+#[derive(Debug, Default)]
+pub struct Checker {
+    /// The check past its limit, its thread still running.
+    in_flight: Option<tokio::task::JoinHandle<bool>>,
+}
+
+impl Checker {
+    /// Checks `password` against `hash` off the runtime within `limit`
+    /// (fail closed); not checked while an earlier check still runs.
+    pub async fn check(&mut self, limit: Duration, hash: &str, password: &str) -> Checked {
+        if self.in_flight.as_ref().is_some_and(|h| !h.is_finished()) {
+            return Checked::NotChecked(format!(
+                "an earlier password check, past its {} s, still runs: this one was not checked",
                 limit.as_secs()
-            )),
-        ),
+            ));
+        }
+        self.in_flight = None;
+        let (hash, password) = (hash.to_string(), password.to_string());
+        let mut check = tokio::task::spawn_blocking(move || verify(&hash, &password));
+        match tokio::time::timeout(limit, &mut check).await {
+            Ok(Ok(true)) => Checked::Match,
+            Ok(Ok(false)) => Checked::Mismatch,
+            Ok(Err(e)) => Checked::NotChecked(format!("the password check failed: {e}")),
+            Err(_) => {
+                self.in_flight = Some(check);
+                Checked::NotChecked(format!(
+                    "the password check took over {} s",
+                    limit.as_secs()
+                ))
+            }
+        }
     }
+}
+
+/// Times one check of `hash` on this host: over half of `limit`, a login
+/// would come near its limit (and on a busy host past it), so the hash is
+/// refused, naming the time and the limit.
+pub fn check_speed(hash: &str, limit: Duration) -> Result<Duration, String> {
+    let began = std::time::Instant::now();
+    verify(hash, "");
+    let took = began.elapsed();
+    if took > limit / 2 {
+        return Err(format!(
+            "one check of it took {:.1} s on this host, over the {:.1} s taken (half the {:.1} s a \
+             login may take); {REMAKE}",
+            took.as_secs_f64(),
+            (limit / 2).as_secs_f64(),
+            limit.as_secs_f64()
+        ));
+    }
+    Ok(took)
 }
 
 /// The Argon2id hash of `password` (RFC 9106's second recommended
@@ -263,15 +317,38 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_check_that_takes_too_long_refuses_the_password() {
+    async fn a_check_that_takes_too_long_is_not_known_and_one_runs_at_a_time() {
         let h = hash("correct horse").unwrap();
-        let (ok, _) = verify_within(Duration::from_secs(60), &h, "correct horse").await;
-        assert!(ok);
-        let (ok, why) = verify_within(Duration::ZERO, &h, "correct horse").await;
-        assert!(!ok);
-        assert_eq!(why.as_deref(), Some("the password check took over 0 s"));
-        let (ok, why) = verify_within(Duration::from_secs(60), &h, "wrong horse").await;
-        assert!(!ok && why.is_none());
+        let mut c = Checker::default();
+        let long = Duration::from_secs(60);
+        assert_eq!(c.check(long, &h, "correct horse").await, Checked::Match);
+        assert_eq!(c.check(long, &h, "wrong horse").await, Checked::Mismatch);
+        // A limit shorter than the check: its thread runs on, and no
+        // second starts beside it.
+        let why = |c: Checked| match c {
+            Checked::NotChecked(why) => why,
+            other => panic!("{other:?}"),
+        };
+        let first = why(c.check(Duration::ZERO, &h, "correct horse").await);
+        assert_eq!(first, "the password check took over 0 s");
+        let second = why(c.check(long, &h, "correct horse").await);
+        assert!(
+            second.contains("still runs: this one was not checked"),
+            "{second}"
+        );
+        while c.in_flight.as_ref().is_some_and(|h| !h.is_finished()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(c.check(long, &h, "correct horse").await, Checked::Match);
+    }
+
+    #[test]
+    fn a_hash_this_host_checks_too_slowly_for_a_login_is_refused_at_start() {
+        let h = hash("correct horse").unwrap();
+        let e = check_speed(&h, Duration::from_micros(2)).unwrap_err();
+        assert!(e.contains("over the 0.0 s taken (half the 0.0 s"), "{e}");
+        assert!(e.starts_with("one check of it took "), "{e}");
+        check_speed(&h, VERIFY_LIMIT).unwrap();
     }
 
     #[test]

@@ -517,6 +517,19 @@ impl Session {
         ]
     }
 
+    /// The password's check at `now` did not say whether it matched
+    /// (`why`: it took too long, failed, or an earlier one still runs):
+    /// not logged in, and not counted as a wrong password (no lock).
+    pub fn not_checked(&mut self, now: u64, why: &str) -> Vec<Effect> {
+        if self.busy.take() != Some(Busy::Verify) {
+            return Vec::new();
+        }
+        self.last_ms = now;
+        vec![self.say(&format!(
+            "login not checked: {why}; not counted as a wrong password, try again later"
+        ))]
+    }
+
     /// The clock at `now`: closes a session idle too long.
     pub fn tick(&mut self, now: u64) -> Vec<Effect> {
         let mut out = Vec::new();

@@ -97,6 +97,33 @@ fn help_a_table_command_and_an_unknown_one() {
     assert_eq!(text, "all well\r\nu1> ");
 }
 
+/// A check that did not say (it took too long, or an earlier one still
+/// runs) is said on the console, and is not a wrong password: no lock,
+/// and the refusals in a row do not grow.
+#[test]
+fn a_password_check_that_did_not_end_is_said_and_not_counted_as_refused() {
+    let mut s = Session::new(settings(true), COMMANDS);
+    type_in(&mut s, 0, b"login\r");
+    type_in(&mut s, 10, b"wrong\r");
+    s.verified(100, false);
+    type_in(&mut s, 2_100, b"login\r");
+    let (_, rest) = type_in(&mut s, 2_200, b"slow\r");
+    assert_eq!(rest, [Effect::Verify("slow".into())]);
+    let (text, rest) = split(s.not_checked(12_200, "the password check took over 10 s"));
+    assert!(rest.is_empty(), "{rest:?}");
+    assert!(
+        text.starts_with("login not checked: the password check took over 10 s; not counted"),
+        "{text:?}"
+    );
+    // No lock: the next try is checked at once, and a wrong one is the
+    // second in a row, not the third.
+    type_in(&mut s, 12_300, b"login\r");
+    let (_, rest) = type_in(&mut s, 12_400, b"wrong\r");
+    assert_eq!(rest, [Effect::Verify("wrong".into())]);
+    let (text, _) = split(s.verified(12_500, false));
+    assert!(text.starts_with("login refused (2 in a row)"), "{text:?}");
+}
+
 #[test]
 fn a_state_change_needs_a_login_and_a_wrong_password_locks_login() {
     let mut s = Session::new(settings(true), COMMANDS);
@@ -482,7 +509,7 @@ async fn the_shell_runs_a_session_logs_it_and_closes_it_when_idle() {
         let epoch = Instant::now();
         run(
             agent_end,
-            &mut session,
+            (&mut session, &mut password::Checker::default()),
             epoch,
             &console,
             &TestAgent,
@@ -548,6 +575,7 @@ async fn reopening_the_port_neither_lifts_the_login_lock_nor_forgets_the_refusal
     };
     let journal = |_: Record| {};
     let mut session = new_session(&console, &TestAgent);
+    let mut checks = password::Checker::default();
     // The console's clock, started long before the port opens.
     let epoch = Instant::now();
     tokio::time::sleep(Duration::from_secs(100)).await;
@@ -573,7 +601,7 @@ async fn reopening_the_port_neither_lifts_the_login_lock_nor_forgets_the_refusal
     };
     let line = run(
         agent_end,
-        &mut session,
+        (&mut session, &mut checks),
         epoch,
         &console,
         &TestAgent,
@@ -605,7 +633,7 @@ async fn reopening_the_port_neither_lifts_the_login_lock_nor_forgets_the_refusal
     };
     let line = run(
         agent_end,
-        &mut session,
+        (&mut session, &mut checks),
         epoch,
         &console,
         &TestAgent,

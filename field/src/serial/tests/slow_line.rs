@@ -49,7 +49,7 @@ fn slow_line(agent: Answering, idle: Duration) -> (tokio::io::DuplexStream, Arc<
         let journal = move |r: Record| kept.lock().unwrap().push(r.what);
         run(
             agent_end,
-            &mut session,
+            (&mut session, &mut password::Checker::default()),
             Instant::now(),
             &console,
             &agent,
@@ -267,7 +267,7 @@ async fn the_port_is_never_drained_on_the_runtime_thread() {
         let journal = |_: Record| {};
         run(
             port,
-            &mut session,
+            (&mut session, &mut password::Checker::default()),
             Instant::now(),
             &console,
             &agent,
