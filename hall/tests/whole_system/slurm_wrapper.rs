@@ -101,7 +101,7 @@ fn the_slurm_wrapper_lifts_only_the_drain_of_its_own_tag() {
 }
 
 #[test]
-fn the_slurm_wrapper_leaves_a_persons_drain_and_its_reason_as_they_are() {
+fn the_slurm_wrapper_adds_its_part_to_a_persons_drain_and_resumes_never_over_it() {
     let Some(slurm) = Slurm::start(&["h07"]) else {
         return;
     };
@@ -114,16 +114,27 @@ fn the_slurm_wrapper_leaves_a_persons_drain_and_its_reason_as_they_are() {
         &format!("Reason={rma}"),
     ]);
     assert!(ok, "{said}");
-    let (code, said) = run(&slurm, &["drain", "h07", "cooling", "cooling-lost: rack 2"]);
+    // A quarantine on a node a person drained: its part is added, the
+    // person's kept whole, so that the GPU stays out once they resume.
+    let (code, said) = run(&slurm, &["drain", "h07", "gpu3", "xid-79"]);
     assert_eq!(code, 0, "{said}");
-    assert!(said.contains("not by loopwarden: left as it is"), "{said}");
-    assert_drained(&slurm, "h07", rma, "the cooling drain");
-    for tag in ["cooling", "gpu3"] {
-        let (code, said) = run(&slurm, &["resume", "h07", tag]);
-        assert_eq!(code, 0, "{said}");
-        assert!(said.contains("drained by someone else"), "{said}");
-        assert_drained(&slurm, "h07", rma, "a resume");
-    }
+    let both = format!("{rma} | loopwarden:gpu3: xid-79");
+    assert_drained(&slurm, "h07", &both, "the quarantine's drain");
+    // A resume for a tag not there changes nothing.
+    let (code, said) = run(&slurm, &["resume", "h07", "cooling"]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("not drained for cooling"), "{said}");
+    assert_drained(&slurm, "h07", &both, "the cooling resume");
+    // The quarantine's resume takes its part off, and leaves the node
+    // drained with the person's reason alone.
+    let (code, said) = run(&slurm, &["resume", "h07", "gpu3"]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("left drained"), "{said}");
+    assert_drained(&slurm, "h07", rma, "the quarantine's resume");
+    let (code, said) = run(&slurm, &["resume", "h07", "gpu3"]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("drained by someone else"), "{said}");
+    assert_drained(&slurm, "h07", rma, "a second resume");
 }
 
 #[test]
