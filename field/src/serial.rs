@@ -12,7 +12,9 @@
 //! The port is opened again 5 s after it fails; the session then ends as
 //! "line lost". The port is read while an answer is written: Ctrl-C there
 //! drops the rest of it (`^C (output cut)`); other keys typed meanwhile
-//! wait their turn (at most [`TYPED_AHEAD_MAX`] bytes).
+//! wait their turn (at most [`TYPED_AHEAD_MAX`] bytes). A Ctrl-C read
+//! before a command started (with its Enter key, or during its echo)
+//! cuts the command: it is not run, and that is said.
 //!
 //! One session state and one steady clock serve every opening of the
 //! port: [`serve`] starts the clock once, and the session's times (the
@@ -448,15 +450,28 @@ where
             match effect {
                 Effect::Write(bytes) => {
                     if self.write(&bytes).await? == Written::Cut {
-                        // What was still to be written goes with it.
-                        queue.retain(|e| !matches!(e, Effect::Write(_)));
-                        if let Effect::Write(cut) = session.cut() {
-                            write_moving(&mut self.writer, &cut).await?;
-                        }
+                        // What was still to be written goes with it, and
+                        // a command not started yet.
+                        let run = queue.iter().any(|e| matches!(e, Effect::Run { .. }));
+                        queue.retain(|e| !matches!(e, Effect::Write(_) | Effect::Run { .. }));
+                        let cut = if run {
+                            session.not_run(self.now())
+                        } else {
+                            vec![session.cut()]
+                        };
+                        self.carry_out_cut(cut).await?;
                     }
                     session.shown(self.now());
                 }
                 Effect::Record(what) => self.record(what),
+                Effect::Run { .. } if self.ctrl_c_typed() => {
+                    // Ctrl-C came with the Enter key (a paste, a console
+                    // server batching keys): the command is not started.
+                    queue.retain(|e| !matches!(e, Effect::Write(_)));
+                    let cut = session.not_run(self.now());
+                    self.carry_out_cut(cut).await?;
+                    session.shown(self.now());
+                }
                 Effect::Run { words } => {
                     let run = self.agent.run(&words, &self.operator);
                     let (text, ok) = match tokio::time::timeout(ANSWER_LIMIT, run).await {
@@ -510,6 +525,30 @@ where
             }
         }
         Ok(Written::Whole)
+    }
+
+    /// Writes and records what a cut says, the write not cut again.
+    async fn carry_out_cut(&mut self, effects: Vec<Effect>) -> std::io::Result<()> {
+        for effect in effects {
+            match effect {
+                Effect::Write(bytes) => write_moving(&mut self.writer, &bytes).await?,
+                Effect::Record(what) => self.record(what),
+                Effect::Run { .. } | Effect::Verify(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a Ctrl-C was typed and not yet fed to the session: it and
+    /// everything typed before it are dropped.
+    fn ctrl_c_typed(&mut self) -> bool {
+        match self.typed.iter().rposition(|&b| b == CTRL_C) {
+            Some(i) => {
+                self.typed.drain(..=i);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Keeps `bytes`, typed while an answer was written, for after it (at

@@ -552,6 +552,37 @@ impl Session {
         Effect::Write(bytes)
     }
 
+    /// Ctrl-C came before the command waited for started (with its Enter
+    /// key, or while its echo was written): it is not run, kept as not
+    /// run when it changes state, and said; the line typed so far is
+    /// dropped, as [`Session::cut`] does.
+    pub fn not_run(&mut self, now: u64) -> Vec<Effect> {
+        let Some(Busy::Run {
+            line,
+            changes_state,
+        }) = self.busy.take()
+        else {
+            return vec![self.cut()];
+        };
+        self.last_ms = self.last_ms.max(now);
+        self.cancel_password();
+        self.editor.restart();
+        self.editor.set_hidden(self.dropping);
+        let mut out = Vec::new();
+        let said = format!("^C: {} not run", truncate(&line, 40));
+        if changes_state {
+            out.push(Effect::Record(What::Command {
+                line,
+                ok: false,
+                result: "not run: Ctrl-C came before it started".into(),
+            }));
+        }
+        let mut bytes = format!("\r\n{said}\r\n").into_bytes();
+        bytes.extend(self.prompt());
+        out.push(Effect::Write(bytes));
+        out
+    }
+
     /// The port failed: the session (if any) ends; its record.
     pub fn line_lost(&mut self) -> Vec<Effect> {
         let was = self.open.then(|| What::SessionClosed {

@@ -328,3 +328,108 @@ async fn ctrl_c_cuts_a_long_answer_and_gives_the_prompt_back() {
     assert!(text.starts_with("help\r\ncommands:"), "{text:?}");
     assert_eq!(*records.lock().unwrap(), [What::SessionOpened]);
 }
+
+/// An agent that counts the commands it ran, and answers each at once.
+struct Counting(Arc<std::sync::atomic::AtomicUsize>);
+
+impl SerialAgent for Counting {
+    fn identity(&self) -> Identity {
+        TestAgent.identity()
+    }
+    fn commands(&self) -> &'static [Spec] {
+        COMMANDS
+    }
+    async fn run(&self, words: &[String], _operator: &str) -> Answer {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Answer {
+            text: (0..100)
+                .map(|i| format!("{} line {i}\n", words[0]))
+                .collect(),
+            ok: true,
+        }
+    }
+}
+
+/// The shell for a [`Counting`] agent, its password `right password`,
+/// over a line that takes 64 bytes at a time; the engineer's end, the
+/// commands run and what the journal took.
+fn counting_line() -> (
+    tokio::io::DuplexStream,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<Mutex<Vec<What>>>,
+) {
+    let console = SerialConsole {
+        port: "/dev/ttyS1".into(),
+        baud: 9_600,
+        password_hash: Some(password::hash("right password").unwrap()),
+        idle: Duration::from_secs(600),
+    };
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let agent = Counting(runs.clone());
+    let (agent_end, engineer) = tokio::io::duplex(64);
+    let records = Arc::new(Mutex::new(Vec::new()));
+    let kept = records.clone();
+    tokio::spawn(async move {
+        let mut session = new_session(&console, &agent);
+        let journal = move |r: Record| kept.lock().unwrap().push(r.what);
+        let mut checks = password::Checker::default();
+        let held = (&mut session, &mut checks);
+        run(agent_end, held, Instant::now(), &console, &agent, &journal).await
+    });
+    (engineer, runs, records)
+}
+
+/// A Ctrl-C that comes in the same read as Enter (a paste, a console
+/// server that batches keys), or while the line's echo is written, cuts
+/// the command before it starts: it is not run, and that is said.
+#[tokio::test(start_paused = true)]
+async fn ctrl_c_with_the_enter_key_cuts_the_command_before_it_runs() {
+    let (mut engineer, runs, records) = counting_line();
+    until(&mut engineer, "u1> ").await;
+    engineer.write_all(b"status\r\x03").await.unwrap();
+    let text = until(&mut engineer, "u1> ").await;
+    assert!(text.contains("^C"), "{text:?}");
+    assert!(
+        !text.contains("status line 99"),
+        "the last line came first: {text:?}"
+    );
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "{text:?}"
+    );
+    // Ctrl-C while the echo is written: the line (longer than the line
+    // takes at once) is not read back until Ctrl-C is typed.
+    let long = format!("status{}\r", " ".repeat(100));
+    engineer.write_all(long.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    engineer.write_all(b"\x03").await.unwrap();
+    let text = until(&mut engineer, "u1> ").await;
+    assert!(text.contains("^C"), "{text:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "{text:?}"
+    );
+    // A state-changing command cut so is not run, and is kept as not run.
+    engineer.write_all(b"login\r").await.unwrap();
+    until(&mut engineer, "password: ").await;
+    engineer.write_all(b"right password\r").await.unwrap();
+    until(&mut engineer, "u1# ").await;
+    engineer.write_all(b"clear-leak 2\r\x03").await.unwrap();
+    let text = until(&mut engineer, "u1# ").await;
+    assert!(text.contains("not run"), "{text:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "{text:?}"
+    );
+    let kept = records.lock().unwrap().clone();
+    assert!(
+        kept.iter()
+            .any(|w| matches!(w, What::Command { ok: false, line, .. } if line == "clear-leak 2")),
+        "{kept:?}"
+    );
+}
