@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use loopwarden_field::serial::request::{events_since, last_events, split, EVENTS};
+use loopwarden_field::serial::request::{as_serial_shows, events_since, split, EVENTS};
 use loopwarden_field::serial::session::Spec;
 use loopwarden_field::serial::{Answer, Identity, SerialAgent};
 
@@ -93,15 +93,10 @@ impl SerialAgent for SerialCdu {
 
     async fn run(&self, words: &[String], operator: &str) -> Answer {
         let parsed = parse(words, loopwarden_bus::now_ms().0);
-        let ask = |req: Request| async move {
+        let ask = |req: Request| {
             // The whole log is minutes of a slow line: its last rows.
-            let all = matches!(req, Request::Events { since: None });
-            let v = answer::answer_as(&self.0, req, operator).await;
-            if all {
-                last_events(v)
-            } else {
-                v
-            }
+            let whole_log = matches!(req, Request::Events { since: None });
+            as_serial_shows(whole_log, answer::answer_as(&self.0, req, operator))
         };
         Answer::asked(parsed, ask, render).await
     }

@@ -9,7 +9,8 @@
 //! - *usage*: how a command is typed, said for a line with the wrong
 //!   arguments ([`Spec::usage`]).
 //! - *earlier*: the rows of the event log that `events` with no `--since`
-//!   leaves out on a serial console ([`last_events`]).
+//!   leaves out on a serial console ([`last_events`], applied to an
+//!   agent's answer by [`as_serial_shows`]).
 
 use super::session::Spec;
 
@@ -65,6 +66,21 @@ pub fn last_events(mut v: serde_json::Value) -> serde_json::Value {
     v
 }
 
+/// An agent's answer as its serial console shows it: `answer`'s value,
+/// bounded by [`last_events`] when it is `events` with no `--since`
+/// (`whole_log`), as it is otherwise.
+pub async fn as_serial_shows(
+    whole_log: bool,
+    answer: impl std::future::Future<Output = serde_json::Value>,
+) -> serde_json::Value {
+    let v = answer.await;
+    if whole_log {
+        last_events(v)
+    } else {
+        v
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +115,16 @@ mod tests {
         assert!(v.get("earlier").is_none(), "{v}");
         let e = serde_json::json!({"error": "reading the event log: gone"});
         assert_eq!(last_events(e.clone()), e);
+    }
+
+    #[tokio::test]
+    async fn a_serial_console_bounds_the_whole_log_only() {
+        let rows = serde_json::json!({"events": vec![serde_json::json!({}); 250]});
+        let v = as_serial_shows(true, async { rows.clone() }).await;
+        assert_eq!(v["events"].as_array().unwrap().len(), EVENTS_SHOWN);
+        assert_eq!(v["earlier"], 50);
+        let v = as_serial_shows(false, async { rows.clone() }).await;
+        assert_eq!(v, rows, "an answer with --since, or not events");
     }
 
     #[test]

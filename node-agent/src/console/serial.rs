@@ -10,7 +10,7 @@
 //! the serial console offers no release; `login` works (and is logged)
 //! for a uniform procedure on both agents.
 
-use loopwarden_field::serial::request::{events_since, last_events, split, EVENTS};
+use loopwarden_field::serial::request::{as_serial_shows, events_since, split, EVENTS};
 use loopwarden_field::serial::session::Spec;
 use loopwarden_field::serial::{Answer, Identity, SerialAgent};
 
@@ -80,15 +80,10 @@ impl SerialAgent for SerialHost {
 
     async fn run(&self, words: &[String], _operator: &str) -> Answer {
         let parsed = parse(words, loopwarden_bus::now_ms().0);
-        let ask = |req: Request| async move {
+        let ask = |req: Request| {
             // The whole log is minutes of a slow line: its last rows.
-            let all = matches!(req, Request::Events { since: None });
-            let v = answer(&self.0, req).await;
-            if all {
-                last_events(v)
-            } else {
-                v
-            }
+            let whole_log = matches!(req, Request::Events { since: None });
+            as_serial_shows(whole_log, answer(&self.0, req))
         };
         Answer::asked(parsed, ask, render).await
     }
