@@ -138,6 +138,65 @@ fn the_slurm_wrapper_adds_its_part_to_a_persons_drain_and_resumes_never_over_it(
 }
 
 #[test]
+fn the_slurm_wrapper_keeps_a_persons_down_and_its_reason() {
+    let Some(slurm) = Slurm::start(&["h07"]) else {
+        return;
+    };
+    // Slurm's own reason for a DOWN node is Slurm's to lift: replaced.
+    let (ok, said) = slurm.scontrol(&[
+        "update",
+        "NodeName=h07",
+        "State=DOWN",
+        "Reason=Not responding",
+    ]);
+    assert!(ok, "{said}");
+    let (code, said) = run(&slurm, &["drain", "h07", "gpu1", "xid-79"]);
+    assert_eq!(code, 0, "{said}");
+    assert_drained(
+        &slurm,
+        "h07",
+        "loopwarden:gpu1: xid-79",
+        "a drain of a node Slurm set down",
+    );
+    let (code, said) = run(&slurm, &["resume", "h07", "gpu1"]);
+    assert_eq!(code, 0, "{said}");
+    slurm
+        .wait_state("h07", "idle", Duration::from_secs(10))
+        .unwrap_or_else(|s| panic!("h07 not idle after the resume: {s}; {}", slurm.reasons()));
+    // A person's DOWN: their reason is kept, and the node stays down.
+    let (ok, said) = slurm.scontrol(&["update", "NodeName=h07", "State=DOWN", "Reason=RMA"]);
+    assert!(ok, "{said}");
+    let (code, said) = run(&slurm, &["drain", "h07", "cooling", "cooling-lost"]);
+    assert_eq!(code, 0, "{said}");
+    let listed = reason(&slurm, "h07");
+    assert!(
+        matches!(&listed, Some((_, r)) if r == "RMA | loopwarden:cooling: cooling-lost"),
+        "after the cooling drain: {listed:?}"
+    );
+    // The cooling resume leaves it down, with the person's reason (and
+    // the DRAIN flag the drain added: Slurm lifts it only with the DOWN).
+    let (code, said) = run(&slurm, &["resume", "h07", "cooling"]);
+    assert_eq!(code, 0, "{said}");
+    let listed = reason(&slurm, "h07");
+    let state = scontrol_state(&slurm, "h07");
+    assert!(
+        matches!(&listed, Some((_, r)) if r == "RMA") && state.starts_with("DOWN"),
+        "after the cooling resume: {state}, {listed:?}; {said}"
+    );
+}
+
+/// The node's `State=` as `scontrol show node` gives it (`DOWN+DRAIN`).
+fn scontrol_state(slurm: &Slurm, node: &str) -> String {
+    let (ok, shown) = slurm.scontrol(&["show", "node", "-o", node]);
+    assert!(ok, "scontrol show node {node}: {shown}");
+    shown
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("State="))
+        .unwrap_or_else(|| panic!("no State= in {shown}"))
+        .to_string()
+}
+
+#[test]
 fn the_slurm_wrapper_never_runs_a_reason_and_refuses_bad_usage() {
     let Some(slurm) = Slurm::start(&["h07"]) else {
         return;
