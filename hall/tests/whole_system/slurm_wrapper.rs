@@ -6,8 +6,9 @@
 //! Skipped outside CI when Slurm or munge is not installed (`.ci/run`
 //! installs them); under `CI=true` a missing tool fails.
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use loopwarden_system_tests::slurm::Slurm;
@@ -17,20 +18,55 @@ pub fn wrapper() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/slurm/loopwarden-slurm")
 }
 
+/// The wrapper with `args` against `slurm`, with `shims` (a directory of
+/// stand-ins for Slurm's clients) first in its PATH when given.
+fn wrapper_cmd(slurm: &Slurm, shims: Option<&Path>, args: &[&str]) -> Command {
+    let mut cmd = Command::new(wrapper());
+    cmd.args(args).envs(slurm.env());
+    if let Some(dir) = shims {
+        let path = std::env::var("PATH").unwrap_or_default();
+        cmd.env("PATH", format!("{}:{path}", dir.display()));
+    }
+    cmd
+}
+
 /// Runs the wrapper with `args` against `slurm`: its exit status and what
 /// it printed (stdout then stderr).
 fn run(slurm: &Slurm, args: &[&str]) -> (i32, String) {
-    let out = Command::new(wrapper())
-        .args(args)
-        .envs(slurm.env())
+    run_with(slurm, None, args)
+}
+
+/// [`run`] with `shims` first in the PATH.
+fn run_with(slurm: &Slurm, shims: Option<&Path>, args: &[&str]) -> (i32, String) {
+    let out = wrapper_cmd(slurm, shims, args)
         .output()
         .unwrap_or_else(|e| panic!("run {} {args:?}: {e}", wrapper().display()));
+    said(&out)
+}
+
+/// A finished wrapper's exit status and what it printed.
+fn said(out: &Output) -> (i32, String) {
     let said = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.code().unwrap_or(-1), said)
+}
+
+/// Makes `dir/sinfo` the shell script `body`, in which `$real` is the
+/// real `sinfo` (as the PATH finds it): with `dir` first in the PATH it
+/// stands in for it.
+fn sinfo_shim(dir: &Path, body: &str) {
+    let found = Command::new("sh")
+        .args(["-c", "command -v sinfo"])
+        .output()
+        .expect("sh -c 'command -v sinfo'");
+    let real = String::from_utf8_lossy(&found.stdout).trim().to_string();
+    assert!(!real.is_empty(), "no sinfo in the PATH");
+    let file = dir.join("sinfo");
+    std::fs::write(&file, format!("#!/bin/sh\nreal='{real}'\n{body}\n")).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 /// The node's state and reason as `sinfo -R` lists them, if it lists it.
@@ -237,4 +273,40 @@ fn the_slurm_wrapper_never_runs_a_reason_and_refuses_bad_usage() {
     let (code, said) = run(&slurm, &["resume", "h99", "cooling"]);
     assert_eq!(code, 1, "{said}");
     assert!(said.contains("not resumed"), "{said}");
+}
+
+#[test]
+fn the_slurm_wrappers_on_one_node_run_one_at_a_time() {
+    let Some(slurm) = Slurm::start(&["h07"]) else {
+        return;
+    };
+    // A slow sinfo: without a lock, both would read the node before
+    // either writes, and the second write would drop the first's part.
+    let shims = tempfile::tempdir().unwrap();
+    sinfo_shim(shims.path(), r#"sleep 1; exec "$real" "$@""#);
+    let started: Vec<_> = [("cooling", "cooling-lost"), ("gpu3", "xid-79")]
+        .into_iter()
+        .map(|(tag, why)| {
+            wrapper_cmd(&slurm, Some(shims.path()), &["drain", "h07", tag, why])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start the wrapper")
+        })
+        .collect();
+    for child in started {
+        let (code, said) = said(&child.wait_with_output().unwrap());
+        assert_eq!(code, 0, "{said}");
+    }
+    let listed = reason(&slurm, "h07").map(|(_, r)| r).unwrap_or_default();
+    let mut parts: Vec<_> = listed.split(" | ").collect();
+    parts.sort_unstable();
+    assert_eq!(
+        parts,
+        [
+            "loopwarden:cooling: cooling-lost",
+            "loopwarden:gpu3: xid-79"
+        ],
+        "{listed:?}"
+    );
 }
