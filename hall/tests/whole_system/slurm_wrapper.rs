@@ -310,3 +310,53 @@ fn the_slurm_wrappers_on_one_node_run_one_at_a_time() {
         "{listed:?}"
     );
 }
+
+/// Drains h07 for a person (`RMA DIMM #1234`), runs `drain h07 gpu3 x`
+/// and `resume h07 gpu3` with `sinfo` the shim `body`, and asserts both
+/// exit 1 saying `want` and leave the person's reason as it was.
+fn assert_unread_reason_left(slurm: &Slurm, body: &str, want: &str) {
+    let (ok, said) = slurm.scontrol(&[
+        "update",
+        "NodeName=h07",
+        "State=DRAIN",
+        "Reason=RMA DIMM #1234",
+    ]);
+    assert!(ok, "{said}");
+    let shims = tempfile::tempdir().unwrap();
+    sinfo_shim(shims.path(), body);
+    for args in [
+        &["drain", "h07", "gpu3", "x"][..],
+        &["resume", "h07", "gpu3"],
+    ] {
+        let (code, said) = run_with(slurm, Some(shims.path()), args);
+        assert_eq!(code, 1, "{args:?}: {said}");
+        assert!(said.contains(want), "{args:?}: {said}");
+        assert_drained(slurm, "h07", "RMA DIMM #1234", &format!("{args:?}"));
+    }
+}
+
+#[test]
+fn the_slurm_wrapper_writes_no_reason_it_could_not_read() {
+    let Some(slurm) = Slurm::start(&["h07"]) else {
+        return;
+    };
+    let failing = r#"echo "sinfo: error: Unable to contact slurm controller" >&2; exit 1"#;
+    // A node in service needs no reason read: drained all the same.
+    let shims = tempfile::tempdir().unwrap();
+    sinfo_shim(shims.path(), failing);
+    let (code, said) = run_with(&slurm, Some(shims.path()), &["drain", "h07", "gpu1", "x"]);
+    assert_eq!(code, 0, "{said}");
+    assert_drained(
+        &slurm,
+        "h07",
+        "loopwarden:gpu1: x",
+        "a drain with sinfo failing",
+    );
+    let (code, said) = run(&slurm, &["resume", "h07", "gpu1"]);
+    assert_eq!(code, 0, "{said}");
+    slurm
+        .wait_state("h07", "idle", Duration::from_secs(10))
+        .unwrap_or_else(|s| panic!("h07 not idle after the resume: {s}; {}", slurm.reasons()));
+    // A drained node's reason it cannot read is not overwritten.
+    assert_unread_reason_left(&slurm, failing, "Unable to contact slurm controller");
+}
