@@ -360,3 +360,31 @@ fn the_slurm_wrapper_writes_no_reason_it_could_not_read() {
     // A drained node's reason it cannot read is not overwritten.
     assert_unread_reason_left(&slurm, failing, "Unable to contact slurm controller");
 }
+
+#[test]
+fn the_slurm_wrapper_reads_a_node_of_a_hidden_partition_and_no_listing_as_no_reason() {
+    let Some(slurm) = Slurm::start(&["h07"]) else {
+        return;
+    };
+    // sinfo as for a node only in a hidden partition: listed with -a
+    // alone.
+    let shims = tempfile::tempdir().unwrap();
+    sinfo_shim(
+        shims.path(),
+        r#"for a; do [ "$a" = -a ] && exec "$real" "$@"; done; exit 0"#,
+    );
+    let (ok, said) = slurm.scontrol(&[
+        "update",
+        "NodeName=h07",
+        "State=DRAIN",
+        "Reason=RMA DIMM #1234",
+    ]);
+    assert!(ok, "{said}");
+    let (code, said) = run_with(&slurm, Some(shims.path()), &["drain", "h07", "gpu3", "x"]);
+    assert_eq!(code, 0, "{said}");
+    let both = "RMA DIMM #1234 | loopwarden:gpu3: x";
+    assert_drained(&slurm, "h07", both, "a drain in a hidden partition");
+    // A node sinfo does not list at all (SINFO_PARTITION set, ...): its
+    // reason is unknown, not "".
+    assert_unread_reason_left(&slurm, "exit 0", "listed no h07");
+}
