@@ -388,3 +388,32 @@ fn the_slurm_wrapper_reads_a_node_of_a_hidden_partition_and_no_listing_as_no_rea
     // reason is unknown, not "".
     assert_unread_reason_left(&slurm, "exit 0", "listed no h07");
 }
+
+#[test]
+fn the_slurm_wrapper_says_a_reason_as_it_is() {
+    let Some(slurm) = Slurm::start(&["h07"]) else {
+        return;
+    };
+    // Backslashes an echo would take for escapes (`\c` ends its output).
+    let rma = r"RMA \t DIMM \n #1234 \c end";
+    let (ok, said) = slurm.scontrol(&[
+        "update",
+        "NodeName=h07",
+        "State=DRAIN",
+        &format!("Reason={rma}"),
+    ]);
+    assert!(ok, "{said}");
+    let both = format!("{rma} | loopwarden:gpu3: x");
+    let (code, said) = run(&slurm, &["drain", "h07", "gpu3", "x"]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains(&format!("drained ({both})")), "{said}");
+    let (code, said) = run(&slurm, &["resume", "h07", "gpu3"]);
+    assert_eq!(code, 0, "{said}");
+    assert!(
+        said.contains(&format!("by someone else: {rma}\n")),
+        "{said}"
+    );
+    let (code, said) = run(&slurm, &["resume", "h07", "gpu3"]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains(&format!("({rma}): left drained")), "{said}");
+}
