@@ -198,6 +198,53 @@ fn quarantine_actions_run_one_at_a_time_across_gpus_and_a_resume() {
     assert!(at("ran resume") < at("quarantine 1 1"), "{text}");
 }
 
+/// A quarantine run that began before a cooling-loss resume was handed
+/// out, and ended well before the resume ended, is not known done: the
+/// resume lifts its drain. An agent killed then runs the quarantine's
+/// actions again at its next start, not only after the resume.
+#[test]
+fn a_quarantine_run_begun_before_a_resume_is_not_kept_done() {
+    let Some(rig) = Rig::start("g7") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let resume = noting(&rig, "resume.sh", "resumed", "sleep 6");
+    let slow = counting(&rig, 3);
+    let mut f = cooling_flags(&notes, &notes, &notes, &resume);
+    f.extend(flags(&[
+        "--quarantine-action",
+        &format!("{} {{gpu}}", slow.display()),
+    ]));
+    let mut sub = rig.subscribe(&["event"]);
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    agent.xids(&[(0, 79)]);
+    wait_for(&log, "quarantine 1 0", 5);
+    rig.publish_cdu_state(true, 1);
+    wait_for(&log, "ran power_down g7 2", 5);
+    rig.publish_cdu_state(false, 2);
+    wait_for(&log, "resumed resume g7 2", 5);
+    let ev = events_until(&mut sub, 10, |ev| !quarantine_outcomes(ev, 0).is_empty());
+    assert_eq!(
+        quarantine_outcomes(&ev, 0),
+        [(true, Some(0))],
+        "{}",
+        read(&log)
+    );
+    let resumed = cooling_outcomes(&ev)
+        .iter()
+        .any(|o| o.0 == CoolingStep::Resume);
+    assert!(!resumed, "the resume ended first: {ev:?}");
+    agent.crash();
+    let agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    let said = "quarantined before the restart, its actions not known to have ended well";
+    let end = Instant::now() + Duration::from_secs(4);
+    while !agent.log_text().contains(said) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(agent.log_text().contains(said), "{}", agent.log_text());
+}
+
 /// The line of `text` that starts with `start`.
 fn runs_at(text: &str, start: &str) -> Option<usize> {
     text.lines().position(|l| l.starts_with(start))

@@ -17,8 +17,9 @@
 //! actions run again: a drain or a taint run twice does no harm, one never
 //! run leaves the scheduler unaware. A cooling-loss resume lifts every
 //! drain: before its command starts, the quarantines in force are kept as
-//! known done no more, and once it ended their actions run again, so a
-//! restart before those end well runs them again too.
+//! known done no more (a run then in flight is not done when it ends
+//! well), and once it ended their actions run again, so a restart before
+//! those end well runs them again too.
 //!
 //! A run that failed (one of its actions did not end well) runs again
 //! while the agent runs, after a wait that doubles with each failure in a
@@ -89,6 +90,10 @@ pub(crate) struct Run {
     /// Asked for again while in flight: it runs again once it ended,
     /// and this run, ended well, is not done.
     again: bool,
+    /// In flight when a cooling-loss resume was handed out: the resume
+    /// lifts its drain, so ended well it is not done (the resume's end
+    /// runs it again).
+    before_resume: bool,
     /// Whether every one that ended, ended well.
     ok: bool,
     /// The runs in a row that failed.
@@ -506,6 +511,7 @@ impl Agent {
         run.ok = true;
         run.retry = None;
         run.again = false;
+        run.before_resume = false;
         run.left = actions.len();
         let argvs: Vec<_> = actions.iter().map(|a| actions::expand(a, &vars)).collect();
         let timeout = self.config.quarantine_timeout;
@@ -559,12 +565,12 @@ impl Agent {
     /// in the site's scheduler (`scontrol ... State=RESUME` clears every
     /// drain, a quarantine's too), so the actions of each GPU still
     /// quarantined run again (each bears running twice), known done no
-    /// more until they end well again.
+    /// more (kept so first, [`Agent::undo_quarantines_done`]) until they
+    /// end well again.
     pub(super) fn quarantine_again_after_resume(&mut self) {
         if self.config.quarantine_actions.is_empty() {
             return;
         }
-        self.undo_quarantines_done();
         for gpu in self.quarantined() {
             let why = "quarantined still, and the cooling-loss resume put the node back in service";
             self.run_actions_again(gpu, why);
@@ -573,13 +579,17 @@ impl Agent {
 
     /// A cooling-loss resume is handed out, or ended: the quarantines in
     /// force are known done no more in flash (their stamp replaced by
-    /// none), since the resume lifts their drains. Kept before the
-    /// resume's command starts (the runner waits for the flash's word on
-    /// the phase, kept after), a restart at any point after it runs
-    /// their actions again, until a run after the resume ends well.
-    pub(super) fn undo_quarantines_done(&self) {
+    /// none), since the resume lifts their drains, and a run in flight
+    /// will not be done when it ends. Kept before the resume's command
+    /// starts (the runner waits for the flash's word on the phase, kept
+    /// after), a restart at any point after it runs their actions again,
+    /// until a run after the resume ends well.
+    pub(super) fn undo_quarantines_done(&mut self) {
         if self.config.quarantine_actions.is_empty() {
             return;
+        }
+        for run in self.quarantine_runs.values_mut().filter(|r| r.left > 0) {
+            run.before_resume = true;
         }
         for gpu in self.quarantined() {
             self.keep_record(gpu, Record::Done, &[]);
@@ -676,9 +686,17 @@ impl Agent {
             return;
         };
         if run.ok {
+            let before_resume = run.before_resume;
             self.quarantine_runs.remove(&(gpu, since));
             if let Some(g) = self.gpus.get_mut(gpu as usize) {
                 g.action_failed = None;
+            }
+            if before_resume {
+                // The resume's end runs them again; a restart before then
+                // runs them at the start.
+                return tracing::info!(
+                    "GPU {gpu}: its quarantine actions ended well, begun before a cooling-loss resume that lifts their drain: not known done until they run after it"
+                );
             }
             return self.keep_record(gpu, Record::Done, &since.to_le_bytes());
         }

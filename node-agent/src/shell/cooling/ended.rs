@@ -1,6 +1,8 @@
 //! A cooling-loss step ended: done and pending no more, or still
 //! pending; a resume's last try (kept from before the restart) pending no
-//! more whatever its end; a drain that failed, run again after a wait
+//! more whatever its end; a resume's end, the quarantines it lifted kept
+//! as known done no more before the record without it; a drain that
+//! failed, run again after a wait
 //! (`actions::retry_at`), one run at a time (see `shell::cooling`).
 //!
 //! Glossary:
@@ -40,6 +42,12 @@ impl Agent {
             tracing::error!(
                 "cooling-loss resume, kept from before the restart, failed again at this start: not run again; {RESUME_BY_HAND}"
             );
+        }
+        if step == CoolingStep::Resume {
+            // Queued for the flash before the record without the resume:
+            // a cut between the two leaves the resume pending, never the
+            // resume gone and a quarantine it lifted known done.
+            self.undo_quarantines_done();
         }
         if self.cooling.pending.ended(id, ok || last_try) {
             self.keep_cooling();
