@@ -262,6 +262,17 @@ where
     A: SerialAgent,
     J: Fn(Record) + Send + Sync,
 {
+    if let Some(hash) = console.password_hash.clone() {
+        let timed = tokio::task::spawn_blocking(move || {
+            password::check_speed(&hash, password::VERIFY_LIMIT)
+        });
+        if let Ok(Err(e)) = timed.await {
+            tracing::error!(
+                "serial console {}: console_password_hash: {e} (logins may run out of time)",
+                console.port.display()
+            );
+        }
+    }
     let mut session = new_session(&console, agent.as_ref());
     let mut checks = password::Checker::default();
     let epoch = Instant::now();
