@@ -158,7 +158,8 @@ pub(crate) struct Agent {
     pub xids_dropped_said: u64,
     /// Quarantine actions still running (awaited at a clean stop).
     pub running_actions: Vec<tokio::task::JoinHandle<()>>,
-    /// The quarantines whose actions run, by GPU and stamp.
+    /// The quarantines whose actions run, by GPU and stamp (at most one
+    /// in flight per GPU).
     pub quarantine_runs: BTreeMap<(u8, u64), quarantine::Run>,
     /// Where the console's snapshot goes after every step.
     pub snapshots: watch::Sender<Option<Snapshot>>,

@@ -132,42 +132,44 @@ fn a_resume_kept_behind_a_failed_power_up_runs_again_once_not_at_every_start() {
     assert_eq!(resumes, 2, "{}", read(&log));
 }
 
-/// A quarantine action that notes in the actions' log how many of its
-/// copies run at once as it starts (`quarantine <n> <its arguments>`),
-/// then takes `secs`.
-fn counting(rig: &Rig, secs: u32) -> std::path::PathBuf {
+/// A quarantine action `<script> <gpu>` that notes in the actions' log
+/// as it starts how many of its copies run at once for that GPU
+/// (`quarantine start <gpu> <n>`), takes `slow0` seconds for GPU 0 and 1 s
+/// for any other, and notes its end (`quarantine end <gpu>`).
+fn counting(rig: &Rig, slow0: u32) -> std::path::PathBuf {
     let dir = rig.dir.path();
-    let (lock, now, log) = (
-        dir.join("running.lock"),
-        dir.join("running"),
-        actions_log(rig),
+    let (dir, log) = (dir.display(), actions_log(rig));
+    let log = log.display();
+    let (lock, now) = (
+        format!("{dir}/running.$1.lock"),
+        format!("{dir}/running.$1"),
     );
-    let (lock, now, log) = (lock.display(), now.display(), log.display());
     rig.script(
         "slow.sh",
         &format!(
-            "( flock 9; n=$(( $(cat {now} 2>/dev/null || echo 0) + 1 )); echo $n > {now}; echo \"quarantine $n $*\" >> {log} ) 9>{lock}\n\
-             sleep {secs}\n\
-             ( flock 9; echo $(( $(cat {now}) - 1 )) > {now} ) 9>{lock}"
+            "( flock 9; n=$(( $(cat {now} 2>/dev/null || echo 0) + 1 )); echo $n > {now}; echo \"quarantine start $1 $n\" >> {log} ) 9>{lock}\n\
+             if [ \"$1\" = 0 ]; then sleep {slow0}; else sleep 1; fi\n\
+             ( flock 9; echo $(( $(cat {now}) - 1 )) > {now}; echo \"quarantine end $1\" >> {log} ) 9>{lock}"
         ),
     )
 }
 
-/// The host's quarantine actions run one at a time: two GPUs quarantined
-/// together, and a cooling-loss resume that ends while they run (each
-/// runs again after it), never run two copies of a command at once (a
-/// site's drain wrapper reads and writes the node's reason unlocked, and
-/// two at once lose one GPU's part): the run in flight when the resume
-/// ended runs again once it ended, the one waiting its turn runs once,
-/// after the resume.
+/// A GPU's quarantine actions run one run at a time, and different GPUs'
+/// runs at the same time: GPU 1 quarantined while GPU 0's slow action
+/// runs starts its actions at once, not behind GPU 0's (its drain would
+/// wait up to the actions' timeouts, the node schedulable meanwhile); a
+/// cooling-loss resume that ends while they run (each runs again after
+/// it) never runs two copies for one GPU at once (a site's drain wrapper
+/// that reads and writes the node's reason would lose a part): a run in
+/// flight when the resume ended runs again once it ended.
 #[test]
-fn quarantine_actions_run_one_at_a_time_across_gpus_and_a_resume() {
+fn quarantine_actions_run_one_at_a_time_per_gpu_and_gpus_at_once() {
     let Some(rig) = Rig::start("g6") else {
         return;
     };
     let log = actions_log(&rig);
     let notes = noting(&rig, "note.sh", "ran", "");
-    let slow = counting(&rig, 3);
+    let slow = counting(&rig, 6);
     let mut f = cooling_flags(&notes, &notes, &notes, &notes);
     f.extend(flags(&[
         "--quarantine-action",
@@ -175,27 +177,83 @@ fn quarantine_actions_run_one_at_a_time_across_gpus_and_a_resume() {
     ]));
     let mut sub = rig.subscribe(&["event"]);
     let mut agent = rig.spawn_twin_process(ENTRY, 2, &f);
-    agent.xids(&[(0, 79), (1, 79)]);
-    wait_for(&log, "quarantine 1", 5);
+    agent.xids(&[(0, 79)]);
+    wait_for(&log, "quarantine start 0", 5);
+    agent.xids(&[(1, 79)]);
+    wait_for(&log, "quarantine start 1", 10);
     rig.publish_cdu_state(true, 1);
     wait_for(&log, "ran power_down g6 2", 5);
     rig.publish_cdu_state(false, 2);
-    let ev = events_until(&mut sub, 30, |ev| {
-        quarantine_outcomes(ev, 0).len() >= 2 && !quarantine_outcomes(ev, 1).is_empty()
+    let ev = events_until(&mut sub, 40, |ev| {
+        quarantine_outcomes(ev, 0).len() >= 2 && quarantine_outcomes(ev, 1).len() >= 2
     });
     let text = read(&log);
-    let runs: Vec<_> = lines(&log)
+    let starts: Vec<_> = lines(&log)
         .into_iter()
-        .filter(|l| l.starts_with("quarantine"))
+        .filter(|l| l.starts_with("quarantine start"))
         .collect();
     assert!(
-        runs.iter().all(|l| l.starts_with("quarantine 1 ")),
-        "two at once:\n{text}"
+        starts.iter().all(|l| l.ends_with(" 1")),
+        "two at once for one GPU:\n{text}"
     );
     assert_eq!(quarantine_outcomes(&ev, 0), [(true, Some(0)); 2], "{text}");
-    assert_eq!(quarantine_outcomes(&ev, 1), [(true, Some(0))], "{text}");
+    assert_eq!(quarantine_outcomes(&ev, 1), [(true, Some(0)); 2], "{text}");
+    // GPU 1's first run started while GPU 0's first (6 s) still ran.
     let at = |l: &str| runs_at(&text, l);
-    assert!(at("ran resume") < at("quarantine 1 1"), "{text}");
+    assert!(
+        at("quarantine start 1") < at("quarantine end 0"),
+        "GPU 1's actions waited for GPU 0's:\n{text}"
+    );
+}
+
+/// A GPU released and quarantined anew while its earlier quarantine's
+/// actions run: the new quarantine's run waits for them, said once in the
+/// log, and starts once they ended, never beside them.
+#[test]
+fn a_gpus_new_quarantine_waits_for_its_earlier_quarantines_run() {
+    let Some(rig) = Rig::start("g8") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let slow = counting(&rig, 4);
+    let f = flags(&[
+        "--quarantine-action",
+        &format!("{} {{gpu}}", slow.display()),
+    ]);
+    let mut sub = rig.subscribe(&["event", "ack"]);
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    agent.xids(&[(0, 79)]);
+    wait_for(&log, "quarantine start 0 1", 5);
+    let release = Frame {
+        sender: NodeId::new(Role::Operator, "jdoe").expect("ident"),
+        seq: 1,
+        time: rig::now(),
+        message: Message::QuarantineRelease(QuarantineRelease {
+            gpu: GpuIndex::new(0).expect("index"),
+            operator: Ident::new("jdoe").expect("ident"),
+            note: Text::new("reseated").expect("note"),
+            auth: CommandAuth::default(),
+        }),
+    };
+    let ack = rig.ack(&mut sub, &release);
+    assert_eq!(ack.code, AckCode::Ok, "{}", ack.detail.as_str());
+    agent.xids(&[(0, 79)]);
+    let ev = events_until(&mut sub, 20, |ev| quarantine_outcomes(ev, 0).len() >= 2);
+    let text = read(&log);
+    assert_eq!(quarantine_outcomes(&ev, 0), [(true, Some(0)); 2], "{text}");
+    assert_eq!(
+        lines(&log),
+        [
+            "quarantine start 0 1",
+            "quarantine end 0",
+            "quarantine start 0 1",
+            "quarantine end 0"
+        ],
+        "two at once for one GPU"
+    );
+    let said = "the actions of its earlier quarantine are running";
+    let agent_log = agent.log_text();
+    assert_eq!(agent_log.matches(said).count(), 1, "{agent_log}");
 }
 
 /// A quarantine run that began before a cooling-loss resume was handed
@@ -219,7 +277,7 @@ fn a_quarantine_run_begun_before_a_resume_is_not_kept_done() {
     let mut sub = rig.subscribe(&["event"]);
     let mut agent = rig.spawn_twin_process(ENTRY, 2, &f);
     agent.xids(&[(0, 79)]);
-    wait_for(&log, "quarantine 1 0", 5);
+    wait_for(&log, "quarantine start 0 1", 5);
     rig.publish_cdu_state(true, 1);
     wait_for(&log, "ran power_down g7 2", 5);
     rig.publish_cdu_state(false, 2);

@@ -1,6 +1,6 @@
 //! XIDs and quarantines in the shell: XIDs from the driver go to the node
 //! (kept for `why` first); a GPU's health is kept in flash as the node
-//! asks; the quarantine actions run each on its own task, and their
+//! asks; a quarantine's actions run on a task of their own, and their
 //! outcomes are logged and published.
 //!
 //! A GPU's health and its quarantine's stamp are kept under its identity
@@ -27,12 +27,15 @@
 //! time, until one ends well, the GPU is released or quarantined anew, or
 //! the agent stops (the next start runs it then).
 //!
-//! The host's quarantine actions run one at a time, in the order
-//! configured, on one task: a run waits (*queued*) while another GPU's
-//! runs, and a run asked for again while it runs (a cooling-loss resume
-//! ended, a retry) is marked *again* and starts once it ended, not beside
-//! it: a site's drain wrapper that reads and writes the node's reason
-//! without a lock never runs twice at once.
+//! A run's actions run one after another, in the order configured, on
+//! one task. Each GPU has at most one run in flight: a run asked for again
+//! while it runs (a cooling-loss resume ended, a retry) is marked *again*
+//! and starts once it ended, not beside it, and a GPU's run of a newer
+//! quarantine waits (*queued*, said once) for its run of an older one.
+//! Different GPUs' runs run at the same time: a GPU's first run never
+//! waits behind another GPU's (a hung action would hold its drain up to
+//! the actions' timeouts). A site's drain wrapper that reads and writes
+//! the node's reason locks the node itself (`loopwarden-slurm` does).
 //!
 //! Glossary:
 //! - *run*: the actions of one quarantine (a GPU and its stamp) still
@@ -85,7 +88,8 @@ pub(crate) enum ActionDone {
 pub(crate) struct Run {
     /// How many have not ended (more than none: in flight).
     left: usize,
-    /// Waiting its turn (another run is in flight), with its reason.
+    /// Waiting its turn (its GPU's run of an older quarantine is in
+    /// flight), with its reason.
     queued: Option<String>,
     /// Asked for again while in flight: it runs again once it ended,
     /// and this run, ended well, is not done.
@@ -450,13 +454,15 @@ impl Agent {
     }
 
     /// Runs the configured actions for the quarantine of `gpu` in force:
-    /// at once, unless a run is in flight (then once it ended: one at a
-    /// time on the host); outcomes come back to the loop.
+    /// at once, unless a run of `gpu` is in flight (then once it ended:
+    /// one run at a time per GPU; other GPUs' runs do not hold it);
+    /// outcomes come back to the loop.
     pub(super) fn start_actions(&mut self, gpu: u8, reason: &str) {
         if self.config.quarantine_actions.is_empty() {
             return;
         }
         let since = self.node.gpu_health(gpu).since.0;
+        let busy = self.in_flight(gpu);
         let run = self.quarantine_runs.entry((gpu, since)).or_default();
         if run.left > 0 {
             run.again = true;
@@ -464,20 +470,34 @@ impl Agent {
                 "GPU {gpu}: its quarantine actions are running: they run again once they end"
             );
         }
-        run.queued = Some(reason.to_string());
-        self.start_next_run();
+        if run.queued.replace(reason.to_string()).is_none() && busy {
+            tracing::info!(
+                "GPU {gpu}: the actions of its earlier quarantine are running: this quarantine's run once they end"
+            );
+        }
+        self.start_next_run(gpu);
     }
 
-    /// Starts the first run waiting its turn, unless one is in flight or
-    /// the agent is stopping (the next start runs it); a run whose GPU
-    /// was released or quarantined anew meanwhile is dropped, said.
-    fn start_next_run(&mut self) {
-        if self.quarantine_runs.values().any(|r| r.left > 0) || self.cooling.stopping() {
+    /// Whether a run of `gpu` is in flight.
+    fn in_flight(&self, gpu: u8) -> bool {
+        self.runs_of(gpu).any(|(_, r)| r.left > 0)
+    }
+
+    /// The runs of `gpu`, oldest quarantine first.
+    fn runs_of(&self, gpu: u8) -> impl Iterator<Item = (&(u8, u64), &Run)> {
+        self.quarantine_runs.range((gpu, 0)..=(gpu, u64::MAX))
+    }
+
+    /// Starts `gpu`'s first run waiting its turn, unless a run of `gpu` is
+    /// in flight or the agent is stopping (the next start runs it); a run
+    /// whose GPU was released or quarantined anew meanwhile is dropped,
+    /// said.
+    fn start_next_run(&mut self, gpu: u8) {
+        if self.in_flight(gpu) || self.cooling.stopping() {
             return;
         }
         let queued: Vec<_> = self
-            .quarantine_runs
-            .iter()
+            .runs_of(gpu)
             .filter(|(_, r)| r.queued.is_some())
             .map(|(&k, _)| k)
             .collect();
@@ -658,8 +678,8 @@ impl Agent {
     }
 
     /// Every action of the run of `gpu`'s quarantine `since` ended: the
-    /// next run waiting its turn starts, after this one's own again if it
-    /// was asked for again while in flight.
+    /// next run of `gpu` waiting its turn starts, this one's own again
+    /// first if it was asked for again while in flight.
     fn run_ended(&mut self, gpu: u8, since: u64) {
         let again = self
             .quarantine_runs
@@ -674,7 +694,7 @@ impl Agent {
             }
             _ => self.run_outcome(gpu, since),
         }
-        self.start_next_run();
+        self.start_next_run(gpu);
     }
 
     /// Run `(gpu, since)` ended, not asked for again: all well, it is
@@ -718,7 +738,7 @@ impl Agent {
 
     /// The wait after a failed run of `gpu`'s quarantine `since` is over
     /// (`due`: the timer's): its actions run again, unless a run is under
-    /// way (one at a time), the timer is not the run's last, the GPU was
+    /// way or waiting its turn (one at a time per GPU), the timer is not the run's last, the GPU was
     /// released or quarantined anew meanwhile, or the agent is stopping
     /// (the next start runs them).
     fn on_retry_due(&mut self, gpu: u8, since: u64, due: u64) {
