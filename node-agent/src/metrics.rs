@@ -86,7 +86,7 @@ const COOLING: Metric = Metric::gauge(
 );
 const CALL: Metric = Metric::gauge(
     "loopwarden_gpu_sample_call_seconds",
-    "How long the GPU's sample call took: stat last, or max since the start; stat running: how long the call in flight (a sample or a limit call) has run so far, 0 when idle (above deadline_ms: the GPU does not answer).",
+    "How long the GPU's sample call took: stat last, or max since the start, both absent until a sample call ended (a GPU that never answered); stat running: how long the call in flight (a sample or a limit call) has run so far, 0 when idle (above deadline_ms: the GPU does not answer).",
 );
 const LATE: Metric = Metric::counter(
     "loopwarden_gpu_late_answers_total",
@@ -322,13 +322,18 @@ fn gpu(out: &mut Exposition, host: &str, i: usize, g: &GpuView) {
         out.sample(&SAMPLED, &labels, t.0 as f64 / 1000.0);
     }
     out.sample(&MISSED, &labels, g.missed.into());
-    for (stat, us) in [
-        ("last", g.calls.last_us),
-        ("max", g.calls.max_us),
-        ("running", g.calls.running_us),
+    // The last and the longest only once a sample call ended: before,
+    // they are not known (never a 0 that reads as the fastest GPU).
+    let ended = g.calls.ended > 0;
+    for (stat, us, known) in [
+        ("last", g.calls.last_us, ended),
+        ("max", g.calls.max_us, ended),
+        ("running", g.calls.running_us, true),
     ] {
-        let l = with_labels(&labels, &[("stat", stat)]);
-        out.sample(&CALL, &l, us as f64 / 1e6);
+        if known {
+            let l = with_labels(&labels, &[("stat", stat)]);
+            out.sample(&CALL, &l, us as f64 / 1e6);
+        }
     }
     out.sample(&LATE, &labels, g.calls.late as f64);
     match (g.applied, g.source) {
@@ -452,6 +457,7 @@ mod tests {
     fn a_call_in_flight_has_a_running_series() {
         let mut g = view();
         g.calls.last_us = 400;
+        g.calls.ended = 1;
         g.calls.running_us = 184_000_000;
         let t = text(&g);
         let labels = r#"{gpu="3",UUID="GPU-1234",Hostname="h07""#;
@@ -460,6 +466,27 @@ mod tests {
             format!("loopwarden_gpu_sample_call_seconds{labels},stat=\"last\"}} 0.0004\n"),
         ] {
             assert!(t.contains(&line), "{line} in\n{t}");
+        }
+    }
+
+    /// A GPU whose sample call never ended since the start has no last
+    /// or longest call time (absent, never a 0 that reads as the fastest
+    /// GPU); its call in flight shows how long it has run.
+    #[test]
+    fn a_gpu_that_never_answered_has_no_call_time() {
+        let mut g = view();
+        g.calls = crate::worker::CallTimes {
+            running_us: 184_000_000,
+            ..Default::default()
+        };
+        let t = text(&g);
+        let labels = r#"{gpu="3",UUID="GPU-1234",Hostname="h07""#;
+        let running =
+            format!("loopwarden_gpu_sample_call_seconds{labels},stat=\"running\"}} 184\n");
+        assert!(t.contains(&running), "{running} in\n{t}");
+        for stat in ["last", "max"] {
+            let series = format!("loopwarden_gpu_sample_call_seconds{labels},stat=\"{stat}\"}}");
+            assert!(!t.contains(&series), "{series} in\n{t}");
         }
     }
 

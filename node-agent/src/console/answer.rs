@@ -134,10 +134,21 @@ fn round_view(snap: &Snapshot, period: Duration, uptime_s: f64) -> Value {
 /// How long the GPUs' calls take: the slowest last sample call, the
 /// longest since the start, the late answers, and each call in flight past
 /// the deadline (`stuck`: a GPU whose driver does not answer shows here
-/// while its call hangs, long before it ends).
+/// while its call hangs, long before it ends). The slowest and the longest
+/// are null while a GPU has had no sample call end since the start
+/// (`never_answered` names them): its time is not known, and may be the
+/// slowest, so no 0 reads as the fastest.
 fn sample_calls_view(snap: &Snapshot) -> Value {
     let ms = |us: u64| us as f64 / 1000.0;
     let deadline_us = snap.deadline.as_micros() as u64;
+    let never: Vec<usize> = (snap.gpus.iter().enumerate())
+        .filter(|(_, g)| g.calls.ended == 0)
+        .map(|(i, _)| i)
+        .collect();
+    let slowest = |us: fn(&crate::worker::CallTimes) -> u64| {
+        let all_known = never.is_empty() && !snap.gpus.is_empty();
+        all_known.then(|| ms(snap.gpus.iter().map(|g| us(&g.calls)).max().unwrap_or(0)))
+    };
     let stuck: Vec<Value> = snap
         .gpus
         .iter()
@@ -146,8 +157,9 @@ fn sample_calls_view(snap: &Snapshot) -> Value {
         .map(|(i, g)| json!({ "gpu": i, "running_ms": ms(g.calls.running_us) }))
         .collect();
     json!({
-        "slowest_last_ms": ms(snap.gpus.iter().map(|g| g.calls.last_us).max().unwrap_or(0)),
-        "longest_ms": ms(snap.gpus.iter().map(|g| g.calls.max_us).max().unwrap_or(0)),
+        "slowest_last_ms": slowest(|c| c.last_us),
+        "longest_ms": slowest(|c| c.max_us),
+        "never_answered": never,
         "late": snap.gpus.iter().map(|g| g.calls.late).sum::<u64>(),
         "running_ms": ms(snap.gpus.iter().map(|g| g.calls.running_us).max().unwrap_or(0)),
         "deadline_ms": snap.deadline.as_millis() as u64,
@@ -607,8 +619,10 @@ mod tests {
     fn a_call_running_past_the_deadline_is_stuck() {
         let mut hung = test_view();
         hung.calls.last_us = 400;
+        hung.calls.ended = 1;
         hung.calls.running_us = 184_000_000;
         let mut fine = test_view();
+        fine.calls.ended = 1;
         fine.calls.running_us = 300;
         let snap = Snapshot {
             gpus: vec![fine, hung],
@@ -629,6 +643,71 @@ mod tests {
             ..Snapshot::default()
         };
         assert_eq!(sample_calls_view(&snap)["stuck"], json!([]));
+    }
+
+    /// `ctl status` never shows a GPU whose first sample call never ended
+    /// as the fastest: while one GPU has not answered since the start, the
+    /// slowest last call and the longest are not known (`-`, not 0 ms) and
+    /// the GPU is named; once it answered, the times are the GPUs' again.
+    #[test]
+    fn status_shows_no_call_time_while_a_gpu_never_answered() {
+        let mut hung = test_view();
+        hung.calls = crate::worker::CallTimes {
+            running_us: 184_000_000,
+            ..Default::default()
+        };
+        let mut fine = test_view();
+        fine.calls = crate::worker::CallTimes {
+            last_us: 400,
+            max_us: 900,
+            ended: 5,
+            ..Default::default()
+        };
+        let snap = |gpus: Vec<crate::console::GpuView>| Snapshot {
+            gpus,
+            deadline: Duration::from_millis(500),
+            ..Snapshot::default()
+        };
+        let v = sample_calls_view(&snap(vec![fine.clone(), hung.clone()]));
+        assert!(
+            v["slowest_last_ms"].is_null() && v["longest_ms"].is_null(),
+            "{v}"
+        );
+        assert_eq!(v["never_answered"], json!([1]), "{v}");
+        let text = crate::console::render::render(&Request::Status, &json!({ "sample_calls": v }));
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("GPU calls "))
+            .unwrap_or_else(|| panic!("no GPU calls row in\n{text}"));
+        assert!(
+            row.contains("slowest last -, longest -,") && row.contains("never answered: GPU 1"),
+            "{row}"
+        );
+        assert!(
+            !row.contains("last 0") && !row.contains("longest 0"),
+            "{row}"
+        );
+        // Before any GPU answered (the start): not known either.
+        let v = sample_calls_view(&snap(vec![hung.clone(), hung.clone()]));
+        assert!(v["slowest_last_ms"].is_null(), "{v}");
+        assert_eq!(v["never_answered"], json!([0, 1]), "{v}");
+        // It answered: its time counts, and nothing is said of it.
+        hung.calls = crate::worker::CallTimes {
+            last_us: 184_000_000,
+            max_us: 184_000_000,
+            ended: 1,
+            ..Default::default()
+        };
+        let v = sample_calls_view(&snap(vec![fine, hung]));
+        assert_eq!(v["slowest_last_ms"], 184_000.0, "{v}");
+        assert_eq!(v["longest_ms"], 184_000.0, "{v}");
+        assert_eq!(v["never_answered"], json!([]), "{v}");
+        let text = crate::console::render::render(&Request::Status, &json!({ "sample_calls": v }));
+        assert!(
+            text.contains("slowest last 184000.0 ms, longest 184000.0 ms,")
+                && !text.contains("never answered"),
+            "{text}"
+        );
     }
 
     /// `ctl gpus` never shows a GPU whose first call hangs as the

@@ -88,16 +88,26 @@ fn status_rows(v: &Value) -> Vec<(&'static str, String)> {
                 s(&v["xids"]["dropped"])
             ),
         ),
-        (
-            "GPU calls",
-            fill(
-                &v["sample_calls"],
-                "slowest last {slowest_last_ms} ms, longest {longest_ms} ms, {late} answers late; in flight {running_ms} ms",
-            ),
-        ),
+        ("GPU calls", calls_line(&v["sample_calls"])),
         ("flash", s(&v["flash"])),
     ]
     .to_vec()
+}
+
+/// The GPUs' sample call times (`sample_calls`): the slowest last and
+/// the longest `-` while a GPU never answered, and those GPUs named.
+fn calls_line(c: &Value) -> String {
+    let mut line = format!(
+        "slowest last {}, longest {}, {}",
+        unit(&c["slowest_last_ms"], " ms"),
+        unit(&c["longest_ms"], " ms"),
+        fill(c, "{late} answers late; in flight {running_ms} ms"),
+    );
+    if let Some(never @ [_, ..]) = c["never_answered"].as_array().map(Vec::as_slice) {
+        let gpus: Vec<String> = never.iter().map(s).collect();
+        let _ = write!(line, "; never answered: GPU {}", gpus.join(", "));
+    }
+    line
 }
 
 /// First of all, when the loop has not run a round for too long: what
