@@ -12,7 +12,9 @@
 //! through the same [`save_latched`]); a `controller_restart` opens it
 //! anew and builds the decision path from what it holds ([`load_latched`],
 //! which may find it damaged: a `latch_corrupt`), not from a copy in
-//! memory. What the core learned of the hall is kept in the same flash
+//! memory. After a record it cannot believe, the records written anew go
+//! above the generation the flash held beside it ([`relatch_floor`]), as
+//! the shell's do. What the core learned of the hall is kept in the same flash
 //! every [`LEARNED_EVERY`] of simulated time ([`save_learned`]), as the
 //! shell keeps it every ten minutes of running, and restored after a
 //! restart ([`load_learned`]): a restart loses what was learned since the
@@ -49,8 +51,8 @@ use crate::decide::{
     BoardRead, Decider, Heard, MapLimits, Outcome, Plan, Setting, StepIn, Verdict,
 };
 use crate::journal::{
-    damage_record, load_latched, load_learned, save_latched, save_learned, LatchRecord,
-    LEARNED_EVERY,
+    damage_record, load_latched, load_learned, relatch_floor, save_latched, save_learned,
+    LatchRecord, LEARNED_EVERY,
 };
 use crate::modbus::{map_limits, CduMeasurements};
 use crate::site_figures::core_config;
@@ -164,6 +166,11 @@ impl Ours {
         self.kept = latched.as_ref().ok().copied().flatten();
         self.decider = Decider::new(self.cfg, self.limits, &latched)
             .unwrap_or_else(|e| panic!("a configuration accepted before is refused: {e}"));
+        // As the shell starts: beside a record it cannot believe, the
+        // records written anew go above the generation the flash held.
+        if let Some(g) = block_on(relatch_floor(&mut store, &latched)) {
+            self.decider.continue_above(g);
+        }
         for what in self.decider.take_said() {
             tracing::warn!("ours: {what}");
         }
@@ -415,5 +422,81 @@ impl loopwarden_twin::sim::FacilityCoordinator for SimCoordinator {
                 chiller_stages: None,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use loopwarden_twin::scenario::Scenario;
+    use loopwarden_twin::sim;
+
+    /// Ours, noting the generation of the last latched record it kept
+    /// before its restart and of the first it keeps after.
+    struct Watched {
+        ours: Ours,
+        restarted: bool,
+        before: Option<u32>,
+        after: Option<LatchRecord>,
+    }
+
+    impl Controller for Watched {
+        fn name(&self) -> &str {
+            "ours"
+        }
+        fn restart(&mut self) {
+            self.restarted = true;
+            self.ours.restart();
+        }
+        fn damage_latch(&mut self) {
+            self.ours.damage_latch();
+        }
+        fn step(&mut self, r: &Readings) -> Decision {
+            let d = self.ours.step(r);
+            match self.restarted {
+                false => self.before = self.ours.kept.map(|k| k.generation),
+                true => self.after = self.after.or(self.ours.kept),
+            }
+            d
+        }
+    }
+
+    /// Rack 1 leaks and is latched, then the controller restarts with that
+    /// record damaged: the relatch's record goes above the generation the
+    /// flash's generation item held, as the shell's does
+    /// (`journal::relatch_floor`), and reads back from the flash as kept.
+    #[test]
+    fn a_restart_after_a_damaged_latch_writes_above_the_old_generation() {
+        let sc = Scenario::from_toml(
+            "format = \"plant-scenario/1\"\ndescription = \"damaged latch\"\n\
+             duration_s = 400\nseed = 3\n[ambient]\npoints = [[0, 21.0]]\n\
+             [load]\nall = [[0, 0.6]]\n\
+             [[fault]]\nat_s = 60\nuntil_s = 120\nkind = \"leak\"\ntarget = \"1\"\n\
+             [[fault]]\nat_s = 200\nkind = \"latch_corrupt\"\n\
+             [[fault]]\nat_s = 200\nkind = \"controller_restart\"\nvalue = 5.0\n",
+            "damaged_latch.toml",
+        )
+        .unwrap();
+        let mut w = Watched {
+            ours: Ours::new(&sc.site).unwrap(),
+            restarted: false,
+            before: None,
+            after: None,
+        };
+        sim::run("damaged_latch", &sc, &mut w, None, 60).unwrap();
+        let before = w.before.expect("a record kept before the restart");
+        let after = w.after.expect("the relatch's record kept after it");
+        assert!(
+            after.generation > before,
+            "the relatch's record is generation {}, not above the {before} the flash held",
+            after.generation
+        );
+        assert_eq!(after.latched.leaks & 0b10, 0b10, "rack 1 relatched");
+        let mut store = w.ours.store.take().expect("the flash");
+        let read = block_on(load_latched(&mut store)).expect("the record reads back");
+        assert_eq!(
+            read.map(|r| r.generation),
+            w.ours.kept.map(|r| r.generation)
+        );
     }
 }
