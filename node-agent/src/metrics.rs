@@ -50,7 +50,7 @@ const SAMPLES: Metric = Metric::counter(
 );
 const JITTER: Metric = Metric::gauge(
     "loopwarden_sampling_jitter_seconds",
-    "How late sampling ticks ran against their schedule, seconds: stat=last (the last tick), p50 and p99 (over the last 600 ticks), max (since the start).",
+    "How late sampling ticks ran against their schedule, seconds: stat=last (the last tick), p50 and p99 (over the last 600 ticks), max (since the start). Absent before the first round.",
 );
 const LAST_ROUND: Metric = Metric::gauge(
     "loopwarden_last_round_timestamp_seconds",
@@ -58,7 +58,7 @@ const LAST_ROUND: Metric = Metric::gauge(
 );
 const ROUND: Metric = Metric::gauge(
     "loopwarden_sampling_round_seconds",
-    "How long a sampling round of every GPU took, seconds: stat=last or max (since the start).",
+    "How long a sampling round of every GPU took, seconds: stat=last or max (since the start). Absent before the first round.",
 );
 const STALLED: Metric = Metric::gauge(
     "loopwarden_host_stalled",
@@ -233,16 +233,19 @@ fn loop_state(out: &mut Exposition, s: &Snapshot, host: &[(&str, &str)]) {
     let t = &s.timing;
     out.sample(&SAMPLES, host, t.samples as f64);
     let us = |v: u64| v as f64 / 1e6;
-    for (stat, v) in [
-        ("last", t.last_jitter_us),
-        ("p50", t.jitter_percentile(50.0)),
-        ("p99", t.jitter_percentile(99.0)),
-        ("max", t.max_jitter_us),
-    ] {
-        out.sample(&JITTER, &with_labels(host, &[("stat", stat)]), us(v));
-    }
-    for (stat, v) in [("last", t.last_sample_us), ("max", t.max_sample_us)] {
-        out.sample(&ROUND, &with_labels(host, &[("stat", stat)]), us(v));
+    // Not measured before the first round: absent, never a 0.
+    if t.samples > 0 {
+        for (stat, v) in [
+            ("last", t.last_jitter_us),
+            ("p50", t.jitter_percentile(50.0)),
+            ("p99", t.jitter_percentile(99.0)),
+            ("max", t.max_jitter_us),
+        ] {
+            out.sample(&JITTER, &with_labels(host, &[("stat", stat)]), us(v));
+        }
+        for (stat, v) in [("last", t.last_sample_us), ("max", t.max_sample_us)] {
+            out.sample(&ROUND, &with_labels(host, &[("stat", stat)]), us(v));
+        }
     }
     if let Some(at) = t.last_round_at {
         let wall_ms = loopwarden_bus::now_ms().0 as f64 - at.elapsed().as_secs_f64() * 1e3;
@@ -451,6 +454,40 @@ mod tests {
         assert!((60.0..65.0).contains(&age), "{line}: {age} s old");
     }
 
+    /// Before the first round the round's time and the tick's jitter are
+    /// not known: absent, never a 0 that reads as a punctual loop.
+    #[test]
+    fn no_round_time_or_jitter_before_the_first_round() {
+        let host = [("Hostname", "h07")];
+        let write = |snap: &Snapshot| {
+            let mut out = Exposition::new();
+            loop_state(&mut out, snap, &host);
+            out.finish()
+        };
+        let mut snap = Snapshot::default();
+        let t = write(&snap);
+        for family in [
+            "loopwarden_sampling_round_seconds{",
+            "loopwarden_sampling_jitter_seconds{",
+        ] {
+            assert!(!t.contains(family), "{family} in\n{t}");
+        }
+        assert!(
+            t.contains("loopwarden_samples_total{Hostname=\"h07\"} 0\n"),
+            "{t}"
+        );
+        snap.timing.samples = 1;
+        snap.timing.last_sample_us = 2_000;
+        snap.timing.jitter_us.push_back(1_000);
+        let t = write(&snap);
+        for line in [
+            "loopwarden_sampling_round_seconds{Hostname=\"h07\",stat=\"last\"} 0.002\n",
+            "loopwarden_sampling_jitter_seconds{Hostname=\"h07\",stat=\"p99\"} 0.001\n",
+        ] {
+            assert!(t.contains(line), "{line} in\n{t}");
+        }
+    }
+
     /// A hung call shows by how long it has run, while the last call's
     /// time stays that of the last one that ended.
     #[test]
@@ -639,6 +676,7 @@ mod tests {
             actions: failed_once(),
             timing: crate::console::Timing {
                 last_round_at: Some(std::time::Instant::now()),
+                samples: 1,
                 ..Default::default()
             },
             ..Snapshot::default()

@@ -61,14 +61,8 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
         "period_ms": ctx.period.as_millis() as u64,
         "last_round": round_view(snap, ctx.period, ms_ago(now, ctx.started)),
         "samples": t.samples,
-        "jitter_ms": {
-            "last": t.last_jitter_us as f64 / 1000.0,
-            "p50": t.jitter_percentile(50.0) as f64 / 1000.0,
-            "p99": t.jitter_percentile(99.0) as f64 / 1000.0,
-            "max": t.max_jitter_us as f64 / 1000.0,
-            "window": t.jitter_us.len(),
-        },
-        "sample_ms": { "last": t.last_sample_us as f64 / 1000.0, "max": t.max_sample_us as f64 / 1000.0 },
+        "jitter_ms": jitter_view(t),
+        "sample_ms": round_ms_view(t),
         "bus": {
             "published": m.published,
             "acked": m.acked,
@@ -115,6 +109,29 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
         "demo_key": ctx.demo_key,
         "protection_off": protection_off_view(&ctx.protection_off),
     })
+}
+
+/// How late the sampling tick ran, ms: the last, the window's p50 and
+/// p99, the most since the start; null before the first round (not
+/// measured, never a 0 that reads as a punctual loop).
+fn jitter_view(t: &super::Timing) -> Value {
+    let ran = t.samples > 0;
+    let ms = |us: u64| ran.then_some(us as f64 / 1000.0);
+    let window = |p: f64| (!t.jitter_us.is_empty()).then(|| t.jitter_percentile(p) as f64 / 1000.0);
+    json!({
+        "last": ms(t.last_jitter_us),
+        "p50": window(50.0),
+        "p99": window(99.0),
+        "max": ms(t.max_jitter_us),
+        "window": t.jitter_us.len(),
+    })
+}
+
+/// How long a sampling round took, ms: the last and the longest; null
+/// before the first round.
+fn round_ms_view(t: &super::Timing) -> Value {
+    let ms = |us: u64| (t.samples > 0).then_some(us as f64 / 1000.0);
+    json!({ "last": ms(t.last_sample_us), "max": ms(t.max_sample_us) })
 }
 
 /// How old the last sampling round is (`age_s`, null before the first),
@@ -643,6 +660,59 @@ mod tests {
             ..Snapshot::default()
         };
         assert_eq!(sample_calls_view(&snap)["stuck"], json!([]));
+    }
+
+    /// Before the first sampling round (a loop stuck in it: the status is
+    /// stale), the round's time and the tick's jitter are not known: `-`,
+    /// not 0 ms; after it, they are the round's.
+    #[test]
+    fn status_shows_no_round_time_or_jitter_before_the_first_round() {
+        let mut t = crate::console::Timing::default();
+        let render = |t: &crate::console::Timing| {
+            let v = json!({ "jitter_ms": jitter_view(t), "sample_ms": round_ms_view(t), "samples": t.samples });
+            (
+                v.clone(),
+                crate::console::render::render(&Request::Status, &v),
+            )
+        };
+        let (v, text) = render(&t);
+        for k in ["last", "max"] {
+            assert!(v["sample_ms"][k].is_null(), "{v}");
+        }
+        for k in ["last", "p50", "p99", "max"] {
+            assert!(v["jitter_ms"][k].is_null(), "{v}");
+        }
+        let row = |text: &str, name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} row in\n{text}"))
+                .to_string()
+        };
+        assert!(
+            row(&text, "sampling ").ends_with("0 samples; last took -"),
+            "{text}"
+        );
+        assert!(
+            row(&text, "jitter ").ends_with("last -, p50 -, p99 -, max - (last 0 ticks)"),
+            "{text}"
+        );
+        t.samples = 1;
+        t.last_sample_us = 983;
+        t.max_sample_us = 983;
+        t.last_jitter_us = 1285;
+        t.max_jitter_us = 1285;
+        t.jitter_us.push_back(1285);
+        let (_, text) = render(&t);
+        assert!(
+            row(&text, "sampling ").ends_with("1 samples; last took 0.983 ms"),
+            "{text}"
+        );
+        assert!(
+            row(&text, "jitter ").ends_with(
+                "last 1.285 ms, p50 1.285 ms, p99 1.285 ms, max 1.285 ms (last 1 ticks)"
+            ),
+            "{text}"
+        );
     }
 
     /// `ctl status` never shows a GPU whose first sample call never ended

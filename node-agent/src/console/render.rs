@@ -49,18 +49,13 @@ fn status_rows(v: &Value) -> Vec<(&'static str, String)> {
         ),
         (
             "sampling",
-            fill(
-                v,
-                "every {period_ms} ms, {samples} samples; last took {sample_ms.last} ms",
+            format!(
+                "{}; last took {}",
+                fill(v, "every {period_ms} ms, {samples} samples"),
+                unit(&v["sample_ms"]["last"], " ms")
             ),
         ),
-        (
-            "jitter",
-            fill(
-                &v["jitter_ms"],
-                "last {last} ms, p50 {p50} ms, p99 {p99} ms, max {max} ms (last {window} ticks)",
-            ),
-        ),
+        ("jitter", jitter_line(&v["jitter_ms"])),
         (
             "health",
             fill(
@@ -92,6 +87,16 @@ fn status_rows(v: &Value) -> Vec<(&'static str, String)> {
         ("flash", s(&v["flash"])),
     ]
     .to_vec()
+}
+
+/// How late the sampling tick ran (`jitter_ms`), each figure `-` before
+/// the first round.
+fn jitter_line(j: &Value) -> String {
+    let [last, p50, p99, max] = ["last", "p50", "p99", "max"].map(|k| unit(&j[k], " ms"));
+    format!(
+        "last {last}, p50 {p50}, p99 {p99}, max {max} (last {} ticks)",
+        s(&j["window"])
+    )
 }
 
 /// The GPUs' sample call times (`sample_calls`): the slowest last and
