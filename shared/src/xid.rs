@@ -96,13 +96,12 @@ pub struct XidInfo {
 impl XidInfo {
     /// The fault lies in the GPU, its firmware or its link to the host, and
     /// NVIDIA's immediate action takes the GPU out of service now (a reset
-    /// or a reboot). Application, contained and informational XIDs never are.
+    /// or a reboot). Application, contained and informational XIDs never are,
+    /// nor drain-and-reset ones: the GPU keeps serving until a drain lets
+    /// the pending repair take effect at its reset (degraded).
     pub const fn is_fatal_hardware(&self) -> bool {
         !matches!(self.cause, XidCause::Application)
-            && matches!(
-                self.action,
-                XidAction::ResetGpu | XidAction::RebootNode | XidAction::DrainAndReset
-            )
+            && matches!(self.action, XidAction::ResetGpu | XidAction::RebootNode)
             && !self.contained
     }
 }
@@ -225,5 +224,26 @@ mod tests {
         for code in [48, 62, 64, 74, 79, 95, 119, 120, 140, 143] {
             assert!(lookup(code).unwrap().is_fatal_hardware(), "XID {code}");
         }
+    }
+
+    #[test]
+    fn a_drain_and_reset_xid_is_not_fatal_hardware() {
+        // No catalog entry has this action today; the first one added (a
+        // repair pending until the next reset) must degrade, not quarantine.
+        let info = XidInfo {
+            code: 0,
+            mnemonic: "TEST",
+            meaning: "a row remap waits for the next reset",
+            cause: XidCause::Hardware,
+            action: XidAction::DrainAndReset,
+            follow_up: XidFollowUp::None,
+            contained: false,
+        };
+        assert!(!info.is_fatal_hardware());
+        let reset = XidInfo {
+            action: XidAction::ResetGpu,
+            ..info
+        };
+        assert!(reset.is_fatal_hardware());
     }
 }
