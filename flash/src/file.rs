@@ -11,6 +11,8 @@
 //! A file that is missing or 0 bytes long is made erased at opening, and
 //! [`FileFlash::created`] says so: what it holds is nothing an earlier run
 //! kept (a replaced disk, a state folder not mounted, a path changed).
+//! A path that is not a regular file (a block or character device, which
+//! reads 0 bytes long too) is refused before anything is written to it.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -66,6 +68,16 @@ pub enum FileFlashError {
         /// The file.
         path: PathBuf,
     },
+    /// The path names something other than a regular file (a block or
+    /// character device, a folder, a pipe): refused before any write,
+    /// since it reads 0 bytes long, as a new file does, and would be
+    /// wiped as new.
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
     /// The file's size is not the board's capacity: refused, not reformatted.
     WrongSize {
         /// The file.
@@ -90,6 +102,12 @@ impl core::fmt::Display for FileFlashError {
                 f,
                 "flash file {} is in use by another process (an agent or controller \
                  already running on it? `systemctl status`): two writers would tear its records",
+                path.display()
+            ),
+            FileFlashError::NotAFile { path, kind } => write!(
+                f,
+                "flash file {} is not a regular file ({kind}): refused, nothing written to it; \
+                 `flash` must name a file (made if missing), e.g. /var/lib/loopwarden/node-agent.flash",
                 path.display()
             ),
             FileFlashError::WrongSize {
@@ -152,6 +170,26 @@ fn lock(file: &File, path: &Path) -> Result<(), FileFlashError> {
     }
 }
 
+/// Refuses `meta` (of `path`) unless it is a regular file: a device
+/// reads 0 bytes long and would be wiped as a new file.
+fn regular(meta: &std::fs::Metadata, path: &Path) -> Result<(), FileFlashError> {
+    use std::os::unix::fs::FileTypeExt;
+    let t = meta.file_type();
+    let kind = match () {
+        _ if t.is_file() => return Ok(()),
+        _ if t.is_block_device() => "a block device",
+        _ if t.is_char_device() => "a character device",
+        _ if t.is_dir() => "a folder",
+        _ if t.is_fifo() => "a pipe",
+        _ if t.is_socket() => "a socket",
+        _ => "not a file",
+    };
+    Err(FileFlashError::NotAFile {
+        path: path.to_path_buf(),
+        kind,
+    })
+}
+
 /// A file-backed NOR flash with sectors of `ERASE` bytes written in words of
 /// `WRITE` bytes.
 #[derive(Debug)]
@@ -175,8 +213,9 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
     /// Opens `path` as a flash of `geometry`, creating it erased (all
     /// `0xFF`) if it does not exist, is 0 bytes long, or is shorter and
     /// erased only (a first fill cut short by a full disk or a power cut)
-    /// ([`FileFlash::created`]). A file of another size, or a geometry this
-    /// type cannot be, is refused with the reason.
+    /// ([`FileFlash::created`]). A file of another size, a path that is
+    /// not a regular file (a device: it reads 0 bytes long), or a
+    /// geometry this type cannot be, is refused with the reason, unwritten.
     pub fn open(path: &Path, geometry: &FlashGeometry) -> Result<Self, FileFlashError> {
         let io = |source| FileFlashError::Io {
             path: path.to_path_buf(),
@@ -205,6 +244,13 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
             });
         }
         let expected = geometry.capacity();
+        // Before opening it for writing (a device's open may act), and
+        // again on what was opened.
+        match std::fs::metadata(path) {
+            Ok(meta) => regular(&meta, path)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(e)),
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -212,8 +258,10 @@ impl<const WRITE: usize, const ERASE: usize> FileFlash<WRITE, ERASE> {
             .truncate(false)
             .open(path)
             .map_err(io)?;
+        let meta = file.metadata().map_err(io)?;
+        regular(&meta, path)?;
         lock(&file, path)?;
-        let found = file.metadata().map_err(io)?.len();
+        let found = meta.len();
         // New, or a pre-fill that stopped short (the disk full, power
         // lost): nothing but erased bytes, the rest filled now.
         let new = found == 0 || (found < expected && erased_only(&file, found).map_err(io)?);
@@ -613,6 +661,23 @@ mod tests {
 
     /// A first fill cut short (the disk full, power lost): the erased
     /// bytes it left are a new file, filled now, not a wrong size for ever.
+    /// A device named as the flash (`/dev/mtdblock0`, a typo for a disk)
+    /// reads 0 bytes long, as a new file does: refused before any write,
+    /// never wiped as new at every start.
+    #[test]
+    fn a_path_that_is_not_a_regular_file_is_refused_unwritten() {
+        let err = FileFlash::<4, 4096>::open(Path::new("/dev/null"), &GEO).unwrap_err();
+        assert!(matches!(err, FileFlashError::NotAFile { .. }), "{err:?}");
+        let said = err.to_string();
+        assert!(
+            said.contains("/dev/null") && said.contains("not a regular file"),
+            "{said}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let err = FileFlash::<4, 4096>::open(dir.path(), &GEO).unwrap_err();
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+    }
+
     #[test]
     fn a_first_fill_cut_short_is_filled_at_the_next_opening() {
         let dir = tempfile::tempdir().unwrap();
