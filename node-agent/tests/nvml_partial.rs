@@ -16,6 +16,9 @@
 //!   of the slow counters, never held as if read, and a fast one is
 //!   unknown in its own sample only;
 //! - the whole field-value query failing that way costs only its fields;
+//! - an ECC mode whose read failed and answers again at the next read of
+//!   the slow counters never sends the volatile counts skipped meanwhile
+//!   as read (0): a sample has them unknown or has the GPU's counts;
 //! - an energy counter that answered and then says "not supported" (lost)
 //!   is sent as 0, not known, never its last value, and comes back when it
 //!   answers; a power limit neither limit call answers is 0 W, not known.
@@ -376,4 +379,31 @@ fn a_lost_energy_counter_is_sent_as_not_known_never_held_and_so_is_an_unread_lim
     fake.fail("limit", Some(NvmlFailure::NotSupported));
     let s = gpu.sample().expect("a sample");
     assert_eq!((s.power_limit, s.power), (Watts(0), Watts(313)));
+}
+
+/// NVML's words for `NVML_ERROR_UNKNOWN`.
+const UNKNOWN_ERROR: &str = "an internal driver error occurred";
+
+#[test]
+fn an_ecc_mode_read_again_is_never_sent_with_volatile_counts_not_read_under_it() {
+    let _one = logs::one_at_a_time();
+    let fake = Fake::default();
+    let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(3);
+    fake.fail("ecc mode", Some(NvmlFailure::Other(UNKNOWN_ERROR.into())));
+    let s = gpu.sample().expect("a sample");
+    assert!(s.unsupported.contains(Unsupported::ECC), "{s:?}");
+    fake.fail("ecc mode", None);
+    // The mode answers again at the next read of the slow counters: from
+    // then on the counts are the GPU's, never 0 sent as read.
+    let mut last = s;
+    for n in 2..=8 {
+        let s = gpu.sample().expect("a sample");
+        assert!(
+            s.unsupported.contains(Unsupported::ECC) || s.ecc.sbe_volatile == 11,
+            "sample {n}: {s:?}"
+        );
+        last = s;
+    }
+    assert_eq!(last.ecc.sbe_volatile, 11, "known again: {last:?}");
+    assert!(!last.unsupported.contains(Unsupported::ECC));
 }

@@ -14,7 +14,11 @@
 //! (an XID 154, "recovery action changed", so reads the action at the
 //! next sample). The per-link counters are also read at once whenever
 //! the NVLink totals move, so a link's fault is named in the sample that
-//! shows it. Between reads a sample carries the slow values as last read
+//! shows it. An ECC mode that changed at a read of the slow counters (one
+//! that failed answering again, a reset turning ECC on) has the volatile
+//! counts read again under it in the same sample: counts skipped under the
+//! old mode are never sent as read. Between reads a sample carries the
+//! slow values as last read
 //! (`node_core::health::SlowCounters` plays the same schedule over a
 //! trace).
 //!
@@ -168,17 +172,25 @@ impl<A: NvmlApi> NvmlGpu<A> {
         }
         self.fast_calls(&mut s)?;
         self.ecc_volatile(&mut s)?;
-        // Volatile counts not known this sample are no move.
-        let ecc = (!s.unsupported.contains(Unsupported::ECC))
-            .then_some((s.ecc.sbe_volatile, s.ecc.dbe_volatile));
+        let ecc = self.volatile_read(&s);
         let nudged = self.take_nudge();
         let slow = due || nudged || ecc.is_some_and(|e| self.held.ecc_at != Some(e));
         if slow {
             if !first {
                 self.held.unknown = Unsupported::empty();
             }
+            let was_on = self.held.ecc_on;
             self.slow_calls(!first)?;
-            self.held.ecc_at = ecc.or(self.held.ecc_at);
+            if self.held.ecc_on != was_on {
+                // The mode changed at this read: the volatile counts are
+                // read again under it, never sent as read when they were
+                // not (the counts are skipped while the mode is off or
+                // unknown).
+                s.ecc.sbe_volatile = 0;
+                s.ecc.dbe_volatile = 0;
+                self.ecc_volatile(&mut s)?;
+            }
+            self.held.ecc_at = self.volatile_read(&s).or(self.held.ecc_at);
         }
         self.fields(&mut s, slow)?;
         let totals = !s.unsupported.contains(Unsupported::NVLINK);
@@ -191,6 +203,13 @@ impl<A: NvmlApi> NvmlGpu<A> {
         zero_unsupported(&mut s);
         self.since_slow = Some(if slow { 0 } else { prior.map_or(0, |n| n + 1) });
         Ok(s)
+    }
+
+    /// The volatile ECC counts `s` read: none with ECC off or its mode
+    /// or counts unknown (counts not read are no move).
+    fn volatile_read(&self, s: &GpuSample) -> Option<(u32, u32)> {
+        (self.held.ecc_on && !s.unsupported.contains(Unsupported::ECC))
+            .then_some((s.ecc.sbe_volatile, s.ecc.dbe_volatile))
     }
 
     /// Whether the XID watch asked for the slow counters since the last
