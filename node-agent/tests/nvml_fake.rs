@@ -10,7 +10,9 @@
 //!   asked again, while any other failure fails the call with the matching
 //!   [`GpuError`]; an aggregate ECC counter the GPU lacks hides only the
 //!   aggregate counts (`ecc_aggregate`), so a double-bit error still
-//!   reaches the health rules through the volatile count;
+//!   reaches the health rules through the volatile count; ECC off
+//!   reports both ECC groups unknown, never 0 errors, said once as an
+//!   error;
 //! - a power limit set in watts reaches NVML in milliwatts and reads back;
 //! - a GPU whose NVML call hangs times out on its own while the other GPUs
 //!   keep answering, and answers again once the call returns;
@@ -52,10 +54,12 @@ use node_agent::worker::Worker;
 use NvmlFailure::{GpuLost, InvalidArgument, NoPermission, NotSupported};
 
 mod fake_nvml_api;
+mod logs;
 use fake_nvml_api::{
     clean, failed, fi, nvml, one_gpu, Answers, FakeNvml, GET_ECC_MODE, GET_ECC_TOTAL,
     GET_ENFORCED_LIMIT, GET_FIELD_VALUES, GET_LIMIT, GET_POWER_USAGE, GET_TEMPERATURE, SET_LIMIT,
 };
+use logs::{lines_with, logged};
 
 // --- 1. A healthy GPU ---------------------------------------------------
 
@@ -168,14 +172,44 @@ fn pending_flags_follow_their_own_fields_and_ecc_off_skips_the_counters() {
     assert_eq!(sample.ecc, EccCounts::default());
     assert_eq!(
         sample.unsupported,
-        Unsupported::empty(),
-        "ECC off is not ECC unsupported"
+        Unsupported::ECC | Unsupported::ECC_AGGREGATE,
+        "ECC off: no count known, never 0 errors"
     );
     assert_eq!(
         fake.calls(0, GET_ECC_TOTAL),
         0,
         "no ECC counters asked with ECC off"
     );
+}
+
+/// ECC off counts no memory error: its groups are unknown (the health
+/// rules hold them, `/metrics` leaves their series out), never "0
+/// errors", and an error names the GPU once. ECC off is still not ECC
+/// unsupported: the mode is asked again at every read of the slow
+/// counters, so ECC turned on (at a reset) is read at once.
+#[test]
+fn ecc_off_is_said_once_and_its_counts_are_unknown_never_no_errors() {
+    let mut answers = Answers::healthy();
+    answers.ecc_enabled = Ok(false);
+    let (fake, mut gpu) = one_gpu(answers);
+    let (samples, log) = logged(|| {
+        (0..3)
+            .map(|_| gpu.sample().expect("sample"))
+            .collect::<Vec<_>>()
+    });
+    for s in &samples {
+        assert_eq!(s.unsupported, Unsupported::ECC | Unsupported::ECC_AGGREGATE);
+        assert!(!s.flags.contains(GpuFlags::ECC_ENABLED));
+        assert_eq!(s.ecc, EccCounts::default(), "no count beside its bit");
+    }
+    let said = lines_with(&log, &["ERROR", "GPU 0", "ECC is off"]);
+    assert_eq!(said.len(), 1, "said once:\n{log}");
+    assert_eq!(fake.calls(0, GET_ECC_MODE), 3, "asked at every slow read");
+    fake.set(0, |a| a.ecc_enabled = Ok(true));
+    let s = gpu.sample().expect("sample");
+    assert!(s.flags.contains(GpuFlags::ECC_ENABLED));
+    assert_eq!(s.unsupported, Unsupported::empty());
+    assert_eq!((s.ecc.sbe_volatile, s.ecc.dbe_volatile), (11, 2));
 }
 
 #[test]

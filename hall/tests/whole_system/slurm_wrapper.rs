@@ -58,13 +58,19 @@ fn said(out: &Output) -> (i32, String) {
 /// real `sinfo` (as the PATH finds it): with `dir` first in the PATH it
 /// stands in for it.
 fn sinfo_shim(dir: &Path, body: &str) {
+    shim(dir, "sinfo", body);
+}
+
+/// Makes `dir/TOOL` the shell script `body`, in which `$real` is the real
+/// `tool` (as the PATH finds it).
+fn shim(dir: &Path, tool: &str, body: &str) {
     let found = Command::new("sh")
-        .args(["-c", "command -v sinfo"])
+        .args(["-c", &format!("command -v {tool}")])
         .output()
-        .expect("sh -c 'command -v sinfo'");
+        .unwrap_or_else(|e| panic!("sh -c 'command -v {tool}': {e}"));
     let real = String::from_utf8_lossy(&found.stdout).trim().to_string();
-    assert!(!real.is_empty(), "no sinfo in the PATH");
-    let file = dir.join("sinfo");
+    assert!(!real.is_empty(), "no {tool} in the PATH");
+    let file = dir.join(tool);
     std::fs::write(&file, format!("#!/bin/sh\nreal='{real}'\n{body}\n")).unwrap();
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
@@ -416,4 +422,65 @@ fn the_slurm_wrapper_says_a_reason_as_it_is() {
     let (code, said) = run(&slurm, &["resume", "h07", "gpu3"]);
     assert_eq!(code, 0, "{said}");
     assert!(said.contains(&format!("({rma}): left drained")), "{said}");
+}
+
+/// The part `loopwarden-slurm` writes for a reason it could not read.
+const UNREAD: &str = "reason before this drain unread (loopwarden-slurm)";
+
+#[test]
+fn the_slurm_wrapper_marks_a_drain_made_blind_and_no_resume_lifts_it() {
+    let Some(slurm) = Slurm::start(&["h07"]) else {
+        return;
+    };
+    let (ok, said) = slurm.scontrol(&[
+        "update",
+        "NodeName=h07",
+        "State=DRAIN",
+        "Reason=RMA DIMM #1234",
+    ]);
+    assert!(ok, "{said}");
+    // slurmctld too busy to show the node, not to update it: the drain is
+    // made (out of service is the safe side) over a reason it could not
+    // read, marked so, and fails so that the agent tries again.
+    let shims = tempfile::tempdir().unwrap();
+    shim(
+        shims.path(),
+        "scontrol",
+        r#"[ "$1" = show ] && { echo "slurm_load_node error: Socket timed out on send/recv operation" >&2; exit 1; }; exec "$real" "$@""#,
+    );
+    let blind = format!("{UNREAD} | loopwarden:cooling: cooling-lost");
+    let drain = ["drain", "h07", "cooling", "cooling-lost"];
+    let (code, said) = run_with(&slurm, Some(shims.path()), &drain);
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("Socket timed out"), "{said}");
+    assert!(said.contains("its reason before unread"), "{said}");
+    assert_drained(&slurm, "h07", &blind, "the drain made blind");
+    // The agent's retry, Slurm answering: the mark is kept.
+    let (code, said) = run(&slurm, &drain);
+    assert_eq!(code, 0, "{said}");
+    assert_drained(&slurm, "h07", &blind, "the drain tried again");
+    // The cooling back: the node stays out until a person looks (it may
+    // have been the RMA'd node it was).
+    let (code, said) = run(&slurm, &["resume", "h07", "cooling"]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("left drained by someone else"), "{said}");
+    assert_drained(&slurm, "h07", UNREAD, "the cooling resume");
+    // A node in service drained blind, then a quarantine's drain and
+    // resume: the mark outlives them too.
+    let (ok, said) = slurm.scontrol(&["update", "NodeName=h07", "State=RESUME"]);
+    assert!(ok, "{said}");
+    slurm
+        .wait_state("h07", "idle", Duration::from_secs(10))
+        .unwrap_or_else(|s| panic!("h07 not idle after the person's resume: {s}"));
+    let (code, said) = run_with(&slurm, Some(shims.path()), &["drain", "h07", "gpu2", "x"]);
+    assert_eq!(code, 1, "{said}");
+    assert_drained(
+        &slurm,
+        "h07",
+        &format!("{UNREAD} | loopwarden:gpu2: x"),
+        "a blind quarantine",
+    );
+    let (code, said) = run(&slurm, &["resume", "h07", "gpu2"]);
+    assert_eq!(code, 0, "{said}");
+    assert_drained(&slurm, "h07", UNREAD, "the quarantine's resume");
 }

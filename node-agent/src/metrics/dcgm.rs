@@ -8,8 +8,10 @@
 //! NVLink errors, power limits, clock-event reasons) carry DCGM's field
 //! name with the type the commented-out line gives, else `gauge`. A
 //! field is written only when the agent measures it on this GPU: never
-//! one this GPU answered "not supported" for, and nothing for a GPU whose
-//! last sample did not answer.
+//! one this GPU answered "not supported" for or does not know (ECC off
+//! comes as its ECC groups not known, so no `DCGM_FI_DEV_ECC_*` series
+//! reads 0 errors for it), and nothing for a GPU whose last sample did
+//! not answer.
 //!
 //! Glossary:
 //! - *DCGM field*: a named reading of NVIDIA's Data Center GPU Manager

@@ -25,6 +25,9 @@
 //! Failing closed, per NVML's answer to one call:
 //! - "not supported": the GPU lacks it (`nvml::support`): its group is
 //!   reported unsupported and it is not asked again.
+//! - ECC off: no memory error is counted, so the ECC groups are reported
+//!   unknown (never "0 errors"), said once as an error; the mode is asked
+//!   again at every read of the slow counters.
 //! - An error that says the GPU itself cannot be read now fails the whole
 //!   sample, a miss, and the next sample reads every slow counter again,
 //!   so a held value is never passed on for one that could not be read:
@@ -337,14 +340,34 @@ impl<A: NvmlApi> NvmlGpu<A> {
     }
 
     /// Whether ECC is on, into [`Held`]; a mode that could not be read
-    /// is off, its groups unknown until the next read.
+    /// is off, its groups unknown until the next read. With ECC off no
+    /// memory error is counted: its groups are unknown too (never "0
+    /// errors"), said once as an error.
     fn ecc_mode(&mut self) -> Result<(), GpuError> {
         let what = "nvmlDeviceGetEccMode";
         let mut unknown = self.held.unknown;
         let on = self.read(call::ECC_MODE, what, &mut unknown, |a, i| a.ecc_enabled(i))?;
         self.held.ecc_on = on.unwrap_or(false);
+        if on == Some(false) {
+            unknown = unknown | call::group(call::ECC_MODE);
+            self.say_ecc_off();
+        }
         self.held.unknown = unknown;
         Ok(())
+    }
+
+    /// Says, once (until a reprobe), that ECC is off on this GPU.
+    fn say_ecc_off(&mut self) {
+        if !self.support.failed(Item::Call(call::ECC_MODE), "ECC off") {
+            return;
+        }
+        tracing::error!(
+            "GPU {}: ECC is off (nvmlDeviceGetEccMode): its memory errors are not counted, so \
+             no health rule on them can see one (dbe-volatile, sbe-rate-rising); {} reported as unknown while it is off, never as no errors. \
+             Turn ECC on (`nvidia-smi -e 1`, then a GPU reset or a reboot)",
+            self.index,
+            group_names(call::group(call::ECC_MODE)),
+        );
     }
 
     /// The volatile ECC counts, where ECC is on.
