@@ -132,8 +132,16 @@ impl ControllerFlash {
             // A record kept before the mark was gets its mark now; after
             // a store lost, the mark keeps the next start from reading
             // "nothing latched" until a record is written anew.
-            if let Err(e) = futures::executor::block_on(mark_latch_kept(&mut stores.store)) {
-                tracing::error!("{e}: should the latched record be lost from flash later, a restart would read it as nothing latched");
+            match futures::executor::block_on(mark_latch_kept(&mut stores.store)) {
+                Err(e) => tracing::error!("{e}: should the latched record be lost from flash later, a restart would read it as nothing latched"),
+                // The latch's mark stands for the loss from here.
+                Ok(()) if stores.config_lost => {
+                    let cleared = agent_flash::clear_lost(&mut stores.store);
+                    if let Err(e) = futures::executor::block_on(cleared) {
+                        tracing::error!("{e}: the next start reads the config store as lost again");
+                    }
+                }
+                Ok(()) => {}
             }
         }
         let new_file = path.is_some() && stores.blank;
@@ -893,6 +901,9 @@ mod tests {
         assert!(e.contains("config store") && e.contains("lost"), "{e}");
         assert!(!opened.new_file, "{e}");
         drop(opened);
+        // The latch's mark stands for the loss from here: the store's own
+        // lost mark is cleared, no loss said at every start.
+        assert!(!agent_flash::open(Some(&path)).unwrap().config_lost);
         // Restarted before a record was written anew: unknown still.
         let e = ControllerFlash::open(Some(&path))
             .unwrap()

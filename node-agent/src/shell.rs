@@ -320,8 +320,23 @@ async fn run_agent(
         site_actions: Default::default(),
         identify_at: 0,
     };
+    let refused = agent.recorder.refused();
     for &gpu in &undone.unreadable {
         agent.keep_health(gpu).await;
+    }
+    if config_lost {
+        let cooling = (!agent.node.cooling_unknown())
+            .then(|| cooling::phase_items(undone.phase, &undone.steps));
+        let unkept: Vec<u8> = (undone.unreadable.iter().copied())
+            .filter(|&g| identity(&agent.gpus[g as usize].info.uuid).is_none())
+            .collect();
+        let kept = lost_store::keep_recovered(&agent.recorder, refused, &unkept, cooling);
+        match kept.await {
+            Ok(()) => tracing::warn!(
+                "the config store lost: what was taken back (GPU health, the cooling-loss phase) is kept again"
+            ),
+            Err(e) => tracing::error!("{e}"),
+        }
     }
     // What a crash (or a failure) left undone runs again.
     agent.resume_actions(&undone.quarantines);

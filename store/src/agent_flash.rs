@@ -25,14 +25,19 @@
 //! then unknown, and each reads it as unreadable, never as "nothing
 //! kept". A controller's file from a version that kept only its event log
 //! (before the floor was kept) reads the same, once, after the upgrade:
-//! the error names that case too.
+//! the error names that case too. The start that finds the store lost
+//! marks it so ([`LOST_MARK_KEY`]) before it writes the floor, and the
+//! store reads lost at every start until the agent clears the mark
+//! ([`clear_lost`]) once what it recovered is kept again.
 //!
 //! Glossary:
 //! - *agent flash*: the one flash image an agent's stores share.
 //! - *sequence floor*: the first sequence number not yet reserved; the
 //!   bus's counter stays below it.
 //! - *config store lost*: a flash that holds records but no sequence
-//!   floor.
+//!   floor, or one whose *lost mark* is set.
+//! - *lost mark*: the config value [`LOST_MARK_KEY`], set when the store
+//!   is found lost, cleared when what was recovered is kept.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -183,7 +188,10 @@ pub struct Stores {
     pub blank: bool,
     /// The flash held what an earlier run kept but its config store held
     /// no sequence floor, which every opening writes before any other
-    /// record: the config store was lost since.
+    /// record: the config store was lost since. Or an earlier start found
+    /// it so and stopped before the agent kept what it recovered (the
+    /// mark [`LOST_MARK_KEY`] is set): the agent clears it
+    /// ([`clear_lost`]) once that is kept.
     pub config_lost: bool,
 }
 
@@ -289,6 +297,67 @@ fn config_lost_message(name: &str) -> String {
     )
 }
 
+/// The config key of the mark that the config store was found lost
+/// ([`Stores::config_lost`]), written before the floor at the start that
+/// finds it so and kept until the agent has kept again what it recovered
+/// ([`clear_lost`]): a start that stops between the two (a crash, a power
+/// cut, a refused bus) finds the store lost again, never intact and
+/// empty.
+pub const LOST_MARK_KEY: &str = "flash.config_lost";
+
+/// The mark's value while the store is lost.
+const MARKED: u8 = 1;
+
+/// The mark's value once what was recovered is kept: not lost.
+const CLEARED: u8 = 0;
+
+/// The item that clears the lost mark ([`LOST_MARK_KEY`]), for a writer
+/// that keeps it in order after what it recovered (the recorder thread).
+pub fn lost_mark_cleared() -> (String, Vec<u8>) {
+    (LOST_MARK_KEY.to_string(), vec![CLEARED])
+}
+
+/// Clears the lost mark ([`LOST_MARK_KEY`]) in `store`: what the agent
+/// recovered after the store was lost is kept.
+pub async fn clear_lost(store: &mut ConfigStore<Flash>) -> Result<(), String> {
+    let (key, value) = lost_mark_cleared();
+    (store.set(&key, &value).await).map_err(|e| format!("{key} not cleared in flash: {e}"))
+}
+
+/// Whether the config store in `store` (of the flash `name`) is lost:
+/// `found` at this opening (holding no floor), which is marked at once,
+/// before the floor goes in; or marked by an earlier start that stopped
+/// before the agent kept what it recovered. A mark that cannot be read
+/// reads as lost.
+async fn lost(store: &mut ConfigStore<Flash>, name: &str, found: bool) -> bool {
+    if found {
+        tracing::error!("{}", config_lost_message(name));
+        if let Err(e) = store.set(LOST_MARK_KEY, &[MARKED]).await {
+            tracing::error!(
+                "{name}: {LOST_MARK_KEY}: the mark that the config store was lost is not kept ({e}): a restart before what is recovered is kept again would read the store as intact and empty"
+            );
+        }
+        return true;
+    }
+    let mut b = [0u8; 1];
+    match store.get(LOST_MARK_KEY, &mut b).await {
+        Ok(None) => false,
+        Ok(Some(1)) if b[0] == CLEARED => false,
+        Ok(_) => {
+            tracing::error!(
+                "{name}: the config store was found lost by an earlier start, which stopped before what it recovered (GPU health, the cooling-loss phase) was kept again: it is read as lost again (what was kept is unknown, never nothing kept)"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::error!(
+                "{name}: {LOST_MARK_KEY}: the mark that the config store was lost does not read ({e}): the store is read as lost"
+            );
+            true
+        }
+    }
+}
+
 /// [`open`] with the clock reading `clock` (ms since the Unix epoch).
 /// The floor is raised to the clock's ([`clock_seq`]) at every opening,
 /// so numbers stay above those hosts have seen from this agent even when
@@ -304,11 +373,8 @@ async fn open_stores(path: Option<&Path>, clock: u64) -> Result<Stores, String> 
         .map_err(flash_err("config store"))?;
     let mut b = [0u8; 4];
     let unset = (store.get(SEQ_FLOOR_KEY, &mut b).await).map_err(flash_err("sequence floor"))?;
-    let config_lost = unset.is_none() && !blank;
-    if config_lost {
-        let name = path.map_or("flash".into(), |p| p.display().to_string());
-        tracing::error!("{}", config_lost_message(&name));
-    }
+    let name = path.map_or("flash".into(), |p| p.display().to_string());
+    let config_lost = lost(&mut store, &name, unset.is_none() && !blank).await;
     if clock < CLOCK_FLOOR_MS {
         tracing::error!(
             "the clock reads {clock} ms since 1970, before 2026-12-01: it is not set (check timedatectl); frames are stamped wrong and refused as expired, and where this flash's floor is older than what hosts saw from this agent (a file from a backup, or none) they refuse its frames as replays too; restart it with the clock right"
@@ -647,6 +713,34 @@ mod tests {
         let erased = open(Some(&path)).unwrap();
         assert!(erased.blank && !erased.config_lost, "erased throughout");
         assert!(!open(None).unwrap().config_lost, "memory");
+    }
+
+    /// A start that found the config store lost and stopped before the
+    /// agent kept what it recovered (a bus refused, a crash, a power
+    /// cut): the next start finds the store lost still, though the floor
+    /// went in, until the agent clears the mark.
+    #[test]
+    fn a_start_that_stops_after_finding_the_store_lost_leaves_it_lost() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let mut first = open(Some(&path)).unwrap();
+        let kind = loopwarden_protocol::MessageKind::Event as u8;
+        let time = loopwarden_protocol::TimestampMs(1_800_000_000_000);
+        futures::executor::block_on(first.log.append(time, kind, &[1, 2])).unwrap();
+        drop(first);
+        let config = FlashBoard::host_file().layout().config;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let erased = vec![0xFF; (config.end - config.start) as usize];
+        file.write_all_at(&erased, config.start.into()).unwrap();
+        drop(file);
+        assert!(open(Some(&path)).unwrap().config_lost, "found lost");
+        let mut again = open(Some(&path)).unwrap();
+        assert!(again.config_lost, "the loss is not forgotten");
+        assert!(!again.blank);
+        futures::executor::block_on(clear_lost(&mut again.store)).unwrap();
+        drop(again);
+        assert!(!open(Some(&path)).unwrap().config_lost, "recovered, kept");
     }
 
     /// A controller's flash file made by a version that kept only its

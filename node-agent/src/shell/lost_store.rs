@@ -27,6 +27,10 @@
 //! quarantined renumbered, a change not logged), has its state logged as
 //! a health change, for the reason of the state it starts in.
 //!
+//! A start that found the store lost keeps what it took back (the GPUs'
+//! health, the cooling-loss phase), then clears the store's lost mark
+//! ([`keep_recovered`]); until then every start reads the store as lost.
+//!
 //! Glossary:
 //! - *whole*: a log that never lost a record: no wrap marker
 //!   ([`loopwarden_flash::log::WRAPPED`]), its oldest record numbered 0
@@ -40,6 +44,7 @@ use loopwarden_protocol::{
     CoolingStep, Event, GpuIndex, HealthState, Message, MessageKind, ReasonCode, TimestampMs,
 };
 use loopwarden_store::agent_flash::Flash;
+use loopwarden_store::recorder::Recorder;
 use node_core::cooling_loss::Phase;
 use node_core::health::HealthEngine;
 
@@ -140,6 +145,47 @@ pub(super) async fn match_log(
             ),
         }
     }
+}
+
+/// After a start that found the config store lost: keeps the
+/// cooling-loss phase taken back (`cooling`, its items; `None` while it
+/// is unknown), then clears the store's lost mark
+/// ([`loopwarden_store::agent_flash::LOST_MARK_KEY`]) by `recorder`, in
+/// order after the GPUs' recovered health states handed over before,
+/// unless a value was refused since the count `refused_before`
+/// ([`Recorder::refused`]), a GPU's state could not be kept (`unkept`:
+/// its UUID unknown, so no record names it), or the phase is unknown or
+/// refused: the mark
+/// then stays, and the next start reads the store as lost again (what
+/// was kept is unknown, never nothing kept). `Err` says why it stays.
+pub(super) async fn keep_recovered(
+    recorder: &Recorder,
+    refused_before: u64,
+    unkept: &[u8],
+    cooling: Option<Vec<(String, Vec<u8>)>>,
+) -> Result<(), String> {
+    let why = "the store's lost mark stays: the next start reads the config store as lost again";
+    if !unkept.is_empty() {
+        return Err(format!(
+            "GPUs {unkept:?}: their UUIDs unknown, their states taken back are not kept: {why}"
+        ));
+    }
+    let Some(items) = cooling else {
+        return Err(format!(
+            "the cooling-loss phase is unknown until the CDU's word, not kept: {why}"
+        ));
+    };
+    // Waited for: the health states handed over before are in flash too.
+    (recorder.set_all_sync(items).await)
+        .map_err(|e| format!("the cooling-loss phase taken back is not kept ({e}): {why}"))?;
+    let refused = recorder.refused().saturating_sub(refused_before);
+    if refused > 0 {
+        return Err(format!(
+            "{refused} values recovered were refused by the flash: {why}"
+        ));
+    }
+    let (key, value) = loopwarden_store::agent_flash::lost_mark_cleared();
+    (recorder.set_sync(key, value).await).map_err(|e| format!("{e}: {why}"))
 }
 
 /// The phase the cooling actions logged say, as they are read oldest

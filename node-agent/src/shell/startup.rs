@@ -1383,6 +1383,63 @@ mod tests {
             .collect()
     }
 
+    /// A start that found the config store lost and stopped before it
+    /// kept what it took back (its bus refused, a crash, a power cut):
+    /// the next start finds the store lost still and quarantines GPU 1
+    /// again from the event log, never healthy (nor logs it so). Once the
+    /// states taken back are kept, and the cooling-loss phase with them
+    /// (not while it is unknown), the store's lost mark is cleared, and
+    /// the next start reads them kept.
+    #[test]
+    fn a_start_stopped_after_finding_the_store_lost_quarantines_again_at_the_next() {
+        use super::super::lost_store::keep_recovered;
+        use loopwarden_store::recorder::Recorder;
+        use node_core::cooling_loss::Phase;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let logged = health_changes(&[(1, Healthy, Quarantined, ReasonCode::DBE_VOLATILE)]);
+        let (node, _) = lost_after(&path, &logged);
+        assert_eq!(node.health().status(1).unwrap().state, Quarantined);
+        let state = |node: &Node| node.health().status(1).unwrap().state;
+        let restart = |keep: Option<Option<Phase>>| {
+            let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+            let lost = stores.config_lost;
+            let (node, undone) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, lost);
+            let Some(cooling) = keep else {
+                return (lost, node);
+            };
+            let r = Recorder::start(stores.log, stores.store, Some(&path)).unwrap();
+            let before = r.refused();
+            for &g in &undone.unreadable {
+                let id = id([X, A, B][g as usize]);
+                let value = tagged(id, &postcard::to_allocvec(&node.gpu_health(g)).unwrap());
+                let check = check_of(&value);
+                r.set(Record::Health.key(id), value);
+                r.set(health_check_key(id), check);
+            }
+            let items = cooling.map(|p| super::super::cooling::phase_items(p, &[]));
+            let kept = futures::executor::block_on(keep_recovered(&r, before, &[], items));
+            assert_eq!(kept.is_ok(), cooling.is_some(), "{kept:?}");
+            futures::executor::block_on(r.flush());
+            (lost, node)
+        };
+        let (lost, node) = restart(None);
+        assert!(lost, "the loss is not forgotten");
+        assert_eq!(state(&node), Quarantined, "never healthy");
+        let (lost, node) = restart(Some(None));
+        assert!(lost && state(&node) == Quarantined);
+        let (lost, node) = restart(Some(Some(Phase::Cooled)));
+        assert!(lost && state(&node) == Quarantined);
+        let (lost, node) = restart(None);
+        assert!(!lost, "what was taken back is kept");
+        assert_eq!(state(&node), Quarantined, "as kept");
+        let mut log = loopwarden_store::agent_flash::open(Some(&path))
+            .unwrap()
+            .log;
+        let last = futures::executor::block_on(super::super::lost_store::last_changes(&mut log, 3));
+        assert_eq!(last.unwrap()[1].as_ref().map(|l| l.to), Some(Quarantined));
+    }
+
     /// The config store lost and GPU 1, quarantined before as the event
     /// log says, not saying its UUID at the start (the sick GPU is the
     /// likeliest not to answer): it is quarantined again from the log,
