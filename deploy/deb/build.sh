@@ -10,8 +10,9 @@
 # console_password_hash, so it is shipped readable by root alone and the
 # postinst gives the controller's to its group, 0640), its copyright and
 # its documentation; in the host agent's loopwarden-slurm (the Slurm
-# drain and resume its documented actions call), and in the controller's
-# a udev rule that gives the GPIO chips to group gpio.
+# drain and resume its documented actions call) and the tmpfiles.d entry
+# that makes its lock directory, /run/loopwarden-slurm, and in the
+# controller's a udev rule that gives the GPIO chips to group gpio.
 # The maintainer scripts never enable or start a service: an agent starts
 # only once its configuration is edited (docs/install.md). The
 # controller's postinst makes its system user, loopwarden-cdu.
@@ -145,7 +146,8 @@ package loopwarden-node-agent node-agent 0600 node-agent.md \
  .
  loopwarden-slurm drains and resumes a Slurm node for the agent's
  quarantine and cooling-loss actions without lifting anyone else's drain." \
-  deploy/slurm/loopwarden-slurm:usr/bin/loopwarden-slurm:0755
+  deploy/slurm/loopwarden-slurm:usr/bin/loopwarden-slurm:0755 \
+  deploy/tmpfiles.d/loopwarden-slurm.conf:usr/lib/tmpfiles.d/loopwarden-slurm.conf
 
 package loopwarden-cooling-ctrl cooling-ctrl 0640 cooling.md \
   "Loopwarden CDU controller" \
