@@ -15,7 +15,9 @@
 //! that leaves out what it writes, a unit other than the one the
 //! controller takes the register in (it converts nothing). The
 //! heartbeat counter is written within its register's range, wrapping
-//! ([`heartbeat_value`]).
+//! ([`heartbeat_value`]). A pump's running flag reads running
+//! only as 1 and stopped only as 0; any other value reads `None`, said
+//! once (`flags`).
 //!
 //! Reads take as few requests as the map allows: one per run of contiguous
 //! input registers (at most 125 registers each). Writes take one request
@@ -99,6 +101,7 @@ pub use tokio_serial::{DataBits, Parity, StopBits};
 
 mod error;
 mod fit;
+mod flags;
 mod link;
 mod read_back;
 
@@ -256,6 +259,8 @@ pub struct ModbusCdu {
     port_held: bool,
     /// The CDU's addresses as its name was last looked up (TCP).
     resolved: Vec<std::net::SocketAddr>,
+    /// Each pump's running flag value last said as neither 0 nor 1.
+    odd_flags: [Option<f64>; 2],
 }
 
 impl fmt::Debug for ModbusCdu {
@@ -287,6 +292,7 @@ impl ModbusCdu {
             resync: false,
             port_held: false,
             resolved: Vec::new(),
+            odd_flags: [None; 2],
         }
     }
 
@@ -572,7 +578,7 @@ impl CduPort for ModbusCdu {
             return_c: get(RETURN),
             flow_lpm: get(FLOW),
             facility_supply_c: get(FACILITY_SUPPLY),
-            pumps_running: [get(PUMP_A).map(|v| v != 0.0), get(PUMP_B).map(|v| v != 0.0)],
+            pumps_running: self.running_flags([get(PUMP_A), get(PUMP_B)]),
             leaks: get(LEAKS).map(|v| v as u16),
             diff_pressure_kpa: get(DIFF_PRESSURE),
             valves_closed: get(VALVES_CLOSED).map(|v| v as u16),

@@ -187,6 +187,30 @@ async fn a_pumps_fault_bit_is_known_mapped_and_all_ones_reads_a_fault_shown() {
 }
 
 #[tokio::test]
+async fn a_pump_running_flag_other_than_0_or_1_reads_no_value() {
+    // Pump A's running flag holds the CDU's "not available" (0xFFFF),
+    // pump B's a status enum's 2 (fault): neither says the pump runs.
+    // They read no value, which the decision path takes as not running.
+    let cdu = sim(RegisterMap::sim_cdu());
+    cdu.set_measurement("pump_a_running", 65_535.0)
+        .expect("a measurement");
+    cdu.set_measurement("pump_b_running", 2.0)
+        .expect("a measurement");
+    let addr = serve_tcp(cdu.clone()).await;
+    let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
+    let r = client.read().await.expect("read");
+    assert_eq!(r.pumps_running, [None, None]);
+    assert_eq!(r.supply_c, Some(32.05));
+    // Back to a bit: read as it says.
+    cdu.set_measurement("pump_a_running", 1.0)
+        .expect("a measurement");
+    cdu.set_measurement("pump_b_running", 0.0)
+        .expect("a measurement");
+    let r = client.read().await.expect("read");
+    assert_eq!(r.pumps_running, [Some(true), Some(false)]);
+}
+
+#[tokio::test]
 async fn tcp_writes_settings_that_the_cdu_takes() {
     let cdu = sim(RegisterMap::sim_cdu());
     let addr = serve_tcp(cdu.clone()).await;
