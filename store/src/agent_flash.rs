@@ -28,7 +28,11 @@
 //! the error names that case too. The start that finds the store lost
 //! marks it so ([`LOST_MARK_KEY`]) before it writes the floor, and the
 //! store reads lost at every start until the agent clears the mark
-//! ([`clear_lost`]) once what it recovered is kept again.
+//! ([`clear_lost`]) once what it recovered is kept again. A store that
+//! does not read at all (the storage finds it corrupted: a file of zeros
+//! made by `fallocate`, blocks zeroed by damage) runs in memory, said as
+//! an error naming the file and the remedy, the file left as it was: the
+//! config store is then lost, the event log or the outbox empty.
 //!
 //! Glossary:
 //! - *agent flash*: the one flash image an agent's stores share.
@@ -331,7 +335,6 @@ pub async fn clear_lost(store: &mut ConfigStore<Flash>) -> Result<(), String> {
 /// reads as lost.
 async fn lost(store: &mut ConfigStore<Flash>, name: &str, found: bool) -> bool {
     if found {
-        tracing::error!("{}", config_lost_message(name));
         if let Err(e) = store.set(LOST_MARK_KEY, &[MARKED]).await {
             tracing::error!(
                 "{name}: {LOST_MARK_KEY}: the mark that the config store was lost is not kept ({e}): a restart before what is recovered is kept again would read the store as intact and empty"
@@ -365,16 +368,88 @@ async fn lost(store: &mut ConfigStore<Flash>, name: &str, found: bool) -> bool {
 /// backup, an image copied from another unit, a floor lost.
 async fn open_stores(path: Option<&Path>, clock: u64) -> Result<Stores, String> {
     let board = FlashBoard::host_file();
-    let layout = board.layout();
     let mut image = image(path, &board)?;
     let blank = blank(&mut image, path).await?;
-    let flash = SharedFlash::new(image);
-    let mut store = ConfigStore::open(flash.clone(), layout.config.clone())
-        .map_err(flash_err("config store"))?;
-    let mut b = [0u8; 4];
-    let unset = (store.get(SEQ_FLOOR_KEY, &mut b).await).map_err(flash_err("sequence floor"))?;
     let name = path.map_or("flash".into(), |p| p.display().to_string());
-    let config_lost = lost(&mut store, &name, unset.is_none() && !blank).await;
+    let flash = SharedFlash::new(image);
+    let (mut store, config_lost) = config_store(&flash, &board, &name, blank).await?;
+    let first_seq = reserve(&mut store, clock, path).await?;
+    let (log, outbox) = log_and_outbox(&flash, &board, &name).await?;
+    Ok(Stores {
+        store,
+        log,
+        outbox,
+        first_seq,
+        path: path.map(Path::to_path_buf),
+        blank,
+        config_lost,
+    })
+}
+
+/// A flash in memory of the board's geometry, erased: for a store of a
+/// file that does not read.
+fn memory(board: &FlashBoard) -> Flash {
+    SharedFlash::new(AgentFlash::Memory(SimFlash::new(
+        board.geometry.sectors as usize,
+    )))
+}
+
+/// The error said at start when the store `what` of the flash `name`
+/// does not read (`e`: the storage finds it corrupted, zeroed blocks or
+/// damage): it runs in memory, the file left as it was.
+fn unreadable_message(name: &str, what: &str, e: &str) -> String {
+    let then = match what {
+        "config store" => "read as lost: what was kept in it (GPU health, latched state, limits) is unknown, never nothing kept; it runs in memory, and what is kept from now on is lost at exit",
+        "event log" => "it runs in memory: what it held is not read (no quarantine is taken back from it, no event resent), and what is logged from now on is lost at exit",
+        _ => "it runs in memory: frames that waited in it are not sent, and frames that wait from now on are lost at exit",
+    };
+    format!(
+        "{name}: {what} unreadable ({e}): {then}; the file is left as it was, as evidence: move it away to start empty (the agent stopped; `lwbus flash {name}` reads what still reads of it)"
+    )
+}
+
+/// The config store of `flash` (the flash `name`, `blank` as
+/// [`blank`] found it), and whether it is lost ([`lost`]): holding no
+/// floor, though the flash is not blank; or not reading at all (the
+/// storage finds it corrupted), then read as lost, in memory (said).
+async fn config_store(
+    flash: &Flash,
+    board: &FlashBoard,
+    name: &str,
+    blank: bool,
+) -> Result<(ConfigStore<Flash>, bool), String> {
+    let range = board.layout().config;
+    let mut store =
+        ConfigStore::open(flash.clone(), range.clone()).map_err(flash_err("config store"))?;
+    let mut b = [0u8; 4];
+    let found = match store.get(SEQ_FLOOR_KEY, &mut b).await {
+        Ok(floor) => {
+            let found = floor.is_none() && !blank;
+            if found {
+                tracing::error!("{}", config_lost_message(name));
+            }
+            found
+        }
+        Err(e) => {
+            let e = e.to_string();
+            tracing::error!("{}", unreadable_message(name, "config store", &e));
+            store = ConfigStore::open(memory(board), range)
+                .map_err(flash_err("config store in memory"))?;
+            true
+        }
+    };
+    let lost = lost(&mut store, name, found).await;
+    Ok((store, lost))
+}
+
+/// Reserves the first block of sequence numbers in `store` (of the flash
+/// file at `path`, else memory), the floor raised to the clock's
+/// (`clock`) first: the first number.
+async fn reserve(
+    store: &mut ConfigStore<Flash>,
+    clock: u64,
+    path: Option<&Path>,
+) -> Result<u32, String> {
     if clock < CLOCK_FLOOR_MS {
         tracing::error!(
             "the clock reads {clock} ms since 1970, before 2026-12-01: it is not set (check timedatectl); frames are stamped wrong and refused as expired, and where this flash's floor is older than what hosts saw from this agent (a file from a backup, or none) they refuse its frames as replays too; restart it with the clock right"
@@ -400,32 +475,46 @@ async fn open_stores(path: Option<&Path>, clock: u64) -> Result<Stores, String> 
             .await
             .map_err(flash_err("sequence reservation"))?;
     }
-    let first_seq = store
+    store
         .reserve_seq(SEQ_BLOCK)
         .await
-        .map_err(flash_err("sequence reservation"))?;
-    let log = EventLog::open(flash.clone(), layout.log.clone())
-        .await
-        .map_err(flash_err("event log"))?;
-    let outbox = Outbox::open(flash.clone(), layout.outbox)
-        .await
-        .map_err(flash_err("outbox"))?;
+        .map_err(flash_err("sequence reservation"))
+}
+
+/// The event log and the outbox of `flash` (the flash `name`); one that
+/// does not read (the storage finds it corrupted) runs in memory, said.
+async fn log_and_outbox(
+    flash: &Flash,
+    board: &FlashBoard,
+    name: &str,
+) -> Result<(EventLog<Flash>, Outbox<Flash>), String> {
+    let layout = board.layout();
+    let log = match EventLog::open(flash.clone(), layout.log.clone()).await {
+        Ok(log) => log,
+        Err(e) => {
+            let e = e.to_string();
+            tracing::error!("{}", unreadable_message(name, "event log", &e));
+            (EventLog::open(memory(board), layout.log).await)
+                .map_err(flash_err("event log in memory"))?
+        }
+    };
+    let outbox = match Outbox::open(flash.clone(), layout.outbox.clone()).await {
+        Ok(outbox) => outbox,
+        Err(e) => {
+            let e = e.to_string();
+            tracing::error!("{}", unreadable_message(name, "outbox", &e));
+            (Outbox::open(memory(board), layout.outbox).await)
+                .map_err(flash_err("outbox in memory"))?
+        }
+    };
     if log.skipped() > 0 || outbox.skipped() > 0 {
         tracing::warn!(
-            "flash: {} event-log and {} outbox items were unreadable and skipped (a power cut mid-write, or damage)",
+            "{name}: {} event-log and {} outbox items were unreadable and skipped (a power cut mid-write, or damage)",
             log.skipped(),
             outbox.skipped()
         );
     }
-    Ok(Stores {
-        store,
-        log,
-        outbox,
-        first_seq,
-        path: path.map(Path::to_path_buf),
-        blank,
-        config_lost,
-    })
+    Ok((log, outbox))
 }
 
 /// The sequence floor as the recorder thread keeps it (it owns the config
@@ -741,6 +830,61 @@ mod tests {
         futures::executor::block_on(clear_lost(&mut again.store)).unwrap();
         drop(again);
         assert!(!open(Some(&path)).unwrap().config_lost, "recovered, kept");
+    }
+
+    /// A file of the board's size holding zeros throughout (made by
+    /// `fallocate`, or blocks zeroed by damage), which the storage reads
+    /// as corrupted: the agent starts, its config store read as lost (in
+    /// memory), its event log and outbox in memory; the file is left as
+    /// it was, for `lwbus flash`.
+    #[test]
+    fn a_corrupted_file_starts_with_its_store_lost_and_is_left_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("zero.flash");
+        let capacity = FlashBoard::host_file().geometry().capacity() as usize;
+        std::fs::write(&path, vec![0u8; capacity]).unwrap();
+        let mut s = open(Some(&path)).expect("started, not refused");
+        assert!(s.config_lost && !s.blank);
+        futures::executor::block_on(s.store.set("health.1", &[7])).unwrap();
+        let kind = loopwarden_protocol::MessageKind::Event as u8;
+        let time = loopwarden_protocol::TimestampMs(1_800_000_000_000);
+        futures::executor::block_on(s.log.append(time, kind, &[1, 2])).unwrap();
+        drop(s);
+        assert_eq!(std::fs::read(&path).unwrap(), vec![0u8; capacity]);
+        let said = unreadable_message("zero.flash", "config store", "flash store corrupted");
+        assert!(
+            said.starts_with("zero.flash: config store unreadable"),
+            "{said}"
+        );
+        assert!(
+            said.contains("move it away to start empty") && said.contains("lwbus flash zero.flash"),
+            "{said}"
+        );
+    }
+
+    /// The event log's sectors zeroed, the config store intact: the agent
+    /// starts from what the store kept, its event log in memory.
+    #[test]
+    fn an_unreadable_event_log_runs_in_memory_beside_the_store_kept() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let mut first = open(Some(&path)).unwrap();
+        futures::executor::block_on(first.store.set("health.1", &[7])).unwrap();
+        drop(first);
+        let log = FlashBoard::host_file().layout().log;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let zeros = vec![0u8; (log.end - log.start) as usize];
+        file.write_all_at(&zeros, log.start.into()).unwrap();
+        drop(file);
+        let mut s = open(Some(&path)).expect("started, not refused");
+        assert!(!s.config_lost, "the store is intact");
+        let mut b = [0u8; 1];
+        let got = futures::executor::block_on(s.store.get("health.1", &mut b)).unwrap();
+        assert_eq!((got, b[0]), (Some(1), 7), "what the store kept");
+        let kind = loopwarden_protocol::MessageKind::Event as u8;
+        let time = loopwarden_protocol::TimestampMs(1_800_000_000_000);
+        futures::executor::block_on(s.log.append(time, kind, &[1, 2])).unwrap();
     }
 
     /// A controller's flash file made by a version that kept only its
