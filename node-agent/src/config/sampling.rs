@@ -22,11 +22,20 @@ pub(super) struct Timings {
     pub(super) expected_gpus: Option<u8>,
 }
 
+/// The longest `slow_counters_s`. The PCIe replay rate rule counts the
+/// replays over the last minute and holds its streak while the two
+/// minutes' rate stays over the limit: a counter read further apart than
+/// that (the engine sees it step once per read) never shows a sustained
+/// rate, so the rule would be off without a word. Rounded up to whole
+/// periods (at most 60 s each), reads stay under 2 minutes apart.
+const MOST_SLOW_COUNTERS_S: u64 = 60;
+
 /// The sampling period, the JSON mirror's period (at least the sampling
 /// period), the deadline of one GPU call (at most the sampling period),
-/// the time between reads of the slow counters (1 to 600 s, 30 by
-/// default, at least one period) and the missed samples before a GPU is
-/// unresponsive, and how many GPUs the host has (optional, 1 to 16).
+/// the time between reads of the slow counters (1 to
+/// [`MOST_SLOW_COUNTERS_S`] s, 30 by default, at least one period) and
+/// the missed samples before a GPU is unresponsive, and how many GPUs the
+/// host has (optional, 1 to 16).
 pub(super) fn timings(
     src: &Sources,
     file: &FileConfig,
@@ -61,8 +70,9 @@ pub(super) fn timings(
         "slow_counters_s",
         30,
         1,
-        600,
-        " s",
+        MOST_SLOW_COUNTERS_S,
+        " s: the PCIe replay rate is judged over the last minute, sustained over two, \
+         so its counter is read at least once a minute",
     )?;
     let unresponsive_after = range(
         src,
@@ -144,4 +154,36 @@ pub(super) fn guard(
         release: WholeCelsius(release),
         step: Watts(step),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::time::Duration;
+
+    use super::super::{resolve, Overrides};
+
+    /// The PCIe replay rate is judged over the last minute and sustained
+    /// over two: read further apart than that, its counter never shows a
+    /// sustained rate (node-core's `rate_latency` test measures every
+    /// interval accepted here).
+    #[test]
+    fn slow_counters_read_more_than_a_minute_apart_are_refused_naming_the_key_and_range() {
+        let base = "site = \"a\"\nhost = \"b\"\ntwin_gpus = 8\n";
+        for s in [61, 150, 600] {
+            let text = format!("{base}slow_counters_s = {s}\n");
+            let e = resolve(Some(Path::new("agent.toml")), &text, &Overrides::default())
+                .expect_err("refused");
+            assert_eq!(e.line, Some(4), "{e}");
+            let said = e.to_string();
+            assert!(
+                said.contains(&format!("slow_counters_s = {s} is out of range (1 to 60 s")),
+                "{said}"
+            );
+        }
+        let text = format!("{base}slow_counters_s = 60\n");
+        let c = resolve(Some(Path::new("agent.toml")), &text, &Overrides::default())
+            .expect("a minute is taken");
+        assert_eq!(c.slow_counters, Duration::from_secs(60));
+    }
 }
