@@ -1,0 +1,150 @@
+//! The worst detection latency of the rate rules, measured against what
+//! `docs/health.md` section 5 promises: a rate just above its limit,
+//! starting at every phase of the slow counters' schedule, is detected no
+//! later than the figure the table gives, at every read interval the agent
+//! accepts (`slow_counters_s` 1 to 60 s, rounded up to whole periods).
+//!
+//! The documented worst case of a rate rule is its 1-minute window
+//! filling (the streak starts only once the last minute's count is over
+//! the limit), then its sustain, then 1 period; for a slow counter (PCIe
+//! replays) plus the time between its reads.
+
+use loopwarden_protocol::{HealthState, ReasonCode, TimestampMs};
+use node_core::health::{HealthEngine, Limits, Observation, Policy, SlowCounters};
+
+const MINUTE_MS: u64 = 60_000;
+
+/// A healthy, busy GPU whose counters are set by the caller.
+fn quiet() -> Observation {
+    Observation {
+        temp: 60.0,
+        power: 300.0,
+        power_limit: 700.0,
+        sm_clock: 1980.0,
+        util: 90.0,
+        ..Observation::default()
+    }
+}
+
+/// When (ms after the onset) one GPU is degraded for `reason`, sampled
+/// every `period_ms` with its slow counters read every `slow_ms`; the
+/// rate starts at `onset_ms` (a phase of the schedule) and `count(ms
+/// since the onset)` gives the counters. `None`: not within `limit_ms`.
+fn detected(
+    period_ms: u64,
+    slow_ms: u64,
+    onset_ms: u64,
+    limit_ms: u64,
+    reason: ReasonCode,
+    count: impl Fn(u64, &mut Observation),
+) -> Option<u64> {
+    let limits = Limits {
+        max_operating_c: 87.0,
+    };
+    let mut engine = HealthEngine::new(1, limits, Policy::default(), TimestampMs(0));
+    let mut slow = SlowCounters::new(1, slow_ms);
+    let mut t = 0;
+    while t <= onset_ms + limit_ms {
+        let mut o = quiet();
+        count(t.saturating_sub(onset_ms), &mut o);
+        let seen = slow.read(t, 0, &o);
+        engine.sample(TimestampMs(t), 0, &seen);
+        let s = engine.status(0).expect("GPU 0");
+        if s.state == HealthState::Degraded && s.reason == reason {
+            return Some(t.saturating_sub(onset_ms));
+        }
+        t += period_ms;
+    }
+    None
+}
+
+/// The read intervals to try: (period, slow_counters), each as the agent
+/// runs them.
+const SCHEDULES: [(u64, u64); 4] = [
+    (1_000, 30_000),
+    (1_000, 60_000),
+    // 60 s rounded up to whole periods: read every 90 s and every 118 s.
+    (45_000, 60_000),
+    (59_000, 60_000),
+];
+
+/// Reads every `slow_counters_s` rounded up to whole periods, as
+/// `Config::slow_every` does.
+fn read_interval(period_ms: u64, slow_ms: u64) -> u64 {
+    slow_ms.div_ceil(period_ms) * period_ms
+}
+
+#[test]
+fn pcie_replays_at_any_accepted_read_interval_are_detected_within_the_documented_worst_case() {
+    let p = Policy::default();
+    for (period, slow_ms) in SCHEDULES {
+        let every = read_interval(period, slow_ms);
+        // Just above the limit (9/min against 8), and a storm (24/min).
+        for per_min in [p.pcie_replays_per_min + 1, 24] {
+            let worst = MINUTE_MS + p.pcie_sustain_ms + period + every;
+            for onset in (0..every).step_by(period as usize) {
+                let found = detected(
+                    period,
+                    slow_ms,
+                    onset,
+                    10 * MINUTE_MS,
+                    ReasonCode::PCIE_REPLAY_RATE,
+                    |ms, o| {
+                        o.pcie_replay = per_min * ms / MINUTE_MS;
+                    },
+                );
+                let at = found.unwrap_or_else(|| {
+                    panic!("{per_min}/min, period {period} ms, read every {every} ms, onset {onset} ms: never detected in 10 min")
+                });
+                assert!(
+                    at <= worst,
+                    "{per_min}/min, period {period} ms, read every {every} ms, onset {onset} ms: detected after {at} ms, documented worst {worst} ms"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn corrected_ecc_and_nvlink_crc_rates_just_above_the_limit_are_detected_within_the_documented_worst_case(
+) {
+    let p = Policy::default();
+    for period in [1_000, 5_000] {
+        let worst = MINUTE_MS + p.sbe_sustain_ms + period;
+        for onset in (0..MINUTE_MS).step_by(period as usize * 7) {
+            let per_min = p.sbe_per_min + 1;
+            let at = detected(
+                period,
+                30_000,
+                onset,
+                10 * MINUTE_MS,
+                ReasonCode::SBE_RATE_RISING,
+                |ms, o| {
+                    o.sbe_volatile = per_min * ms / MINUTE_MS;
+                },
+            );
+            let at = at.expect("corrected ECC errors detected");
+            assert!(
+                at <= worst,
+                "period {period}, onset {onset}: {at} ms > {worst} ms"
+            );
+            let per_s = p.nvlink_crc_per_s + 1;
+            let worst = MINUTE_MS + p.nvlink_crc_sustain_ms + period;
+            let at = detected(
+                period,
+                30_000,
+                onset,
+                10 * MINUTE_MS,
+                ReasonCode::NVLINK_ERRORS,
+                |ms, o| {
+                    o.nvlink_crc = per_s * ms / 1_000;
+                },
+            );
+            let at = at.expect("NVLink CRC errors detected");
+            assert!(
+                at <= worst,
+                "period {period}, onset {onset}: {at} ms > {worst} ms"
+            );
+        }
+    }
+}
