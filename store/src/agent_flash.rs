@@ -33,6 +33,9 @@
 //! made by `fallocate`, blocks zeroed by damage) runs in memory, said as
 //! an error naming the file and the remedy, the file left as it was: the
 //! config store is then lost, the event log or the outbox empty.
+//! A file the disk refuses to write at start (the floor's write fails:
+//! EIO, ENOSPC, EDQUOT) is run from a copy in memory, as one on a
+//! read-only file system is, said as an error.
 //!
 //! Glossary:
 //! - *agent flash*: the one flash image an agent's stores share.
@@ -252,19 +255,25 @@ fn image(path: Option<&Path>, board: &FlashBoard) -> Result<AgentFlash, String> 
 /// starts from what it kept and guards what it guards, said as an error
 /// (what it keeps from now on is lost at exit).
 fn read_only_copy(path: &Path, board: &FlashBoard) -> Result<AgentFlash, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let capacity = board.geometry().capacity();
-    if bytes.len() as u64 != capacity {
-        return Err(format!(
-            "{}: on a read-only file system, and {} bytes where the board's flash is {capacity}: nothing to run from",
-            path.display(),
-            bytes.len()
-        ));
-    }
+    let copy = copy_of(path, board).map_err(|e| format!("on a read-only file system: {e}"))?;
     tracing::error!(
         "{}: the file system is read-only (a disk error?): running on a copy of the flash in memory; what was kept before is read, what is kept from now on is lost at exit; check `dmesg`, remount or repair, and restart",
         path.display()
     );
+    Ok(copy)
+}
+
+/// A copy in memory of the flash file at `path`, read as it is on disk.
+fn copy_of(path: &Path, board: &FlashBoard) -> Result<AgentFlash, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let capacity = board.geometry().capacity();
+    if bytes.len() as u64 != capacity {
+        return Err(format!(
+            "{}: {} bytes where the board's flash is {capacity}: nothing to run from",
+            path.display(),
+            bytes.len()
+        ));
+    }
     Ok(AgentFlash::Memory(SimFlash::from_bytes(bytes)))
 }
 
@@ -370,10 +379,47 @@ async fn open_stores(path: Option<&Path>, clock: u64) -> Result<Stores, String> 
     let board = FlashBoard::host_file();
     let mut image = image(path, &board)?;
     let blank = blank(&mut image, path).await?;
+    let copy = match (&image, path) {
+        (AgentFlash::File(_), Some(path)) => Some(|| copy_of(path, &board)),
+        _ => None,
+    };
+    open_image(image, path, blank, clock, copy).await
+}
+
+/// [`open_stores`] on `image` (the file at `path`, else memory; `blank`
+/// as [`blank`] found it). Where the floor cannot be written (a disk that
+/// refuses writes: EIO, ENOSPC on a copy-on-write file system, EDQUOT),
+/// the agent runs on `copy` (the file's copy in memory; `None` for
+/// memory) as on a read-only file system, said as an error: what was
+/// kept is read, what is kept from then on is lost at exit.
+async fn open_image(
+    image: AgentFlash,
+    path: Option<&Path>,
+    blank: bool,
+    clock: u64,
+    copy: Option<impl FnOnce() -> Result<AgentFlash, String>>,
+) -> Result<Stores, String> {
+    let board = FlashBoard::host_file();
     let name = path.map_or("flash".into(), |p| p.display().to_string());
     let flash = SharedFlash::new(image);
     let (mut store, config_lost) = config_store(&flash, &board, &name, blank).await?;
-    let first_seq = reserve(&mut store, clock, path).await?;
+    let (flash, store, first_seq, config_lost) = match (
+        reserve(&mut store, clock, path).await,
+        copy,
+    ) {
+        (Ok(first), _) => (flash, store, first, config_lost),
+        (Err(e), Some(copy)) => {
+            tracing::error!(
+                "{name}: {e}: the disk refuses writes (full, over quota, failing? check `df` and `dmesg`): running on a copy of the flash in memory; what was kept before is read, what is kept from now on is lost at exit; sequence numbers start from the clock; free or repair the disk and restart"
+            );
+            drop((store, flash));
+            let flash = SharedFlash::new(copy()?);
+            let (mut store, lost) = config_store(&flash, &board, &name, blank).await?;
+            let first = reserve(&mut store, clock, path).await?;
+            (flash, store, first, config_lost || lost)
+        }
+        (Err(e), None) => return Err(e),
+    };
     let (log, outbox) = log_and_outbox(&flash, &board, &name).await?;
     Ok(Stores {
         store,
@@ -882,6 +928,47 @@ mod tests {
         let mut b = [0u8; 1];
         let got = futures::executor::block_on(s.store.get("health.1", &mut b)).unwrap();
         assert_eq!((got, b[0]), (Some(1), 7), "what the store kept");
+        let kind = loopwarden_protocol::MessageKind::Event as u8;
+        let time = loopwarden_protocol::TimestampMs(1_800_000_000_000);
+        futures::executor::block_on(s.log.append(time, kind, &[1, 2])).unwrap();
+    }
+
+    /// A disk that refuses writes at start (EIO, ENOSPC on a
+    /// copy-on-write file system, EDQUOT): the floor cannot be written,
+    /// and the agent runs on a copy of the flash in memory, from what it
+    /// kept (a quarantine), its floor from the clock.
+    #[test]
+    fn a_flash_that_refuses_the_floor_runs_on_a_copy_in_memory() {
+        let mut kept = open(None).unwrap();
+        futures::executor::block_on(kept.store.set("health.1", &[7])).unwrap();
+        let mut bytes = Vec::new();
+        kept.store.into_flash().with(|f| {
+            let AgentFlash::Memory(m) = f else {
+                panic!("a memory flash")
+            };
+            bytes = m.bytes_mut().to_vec();
+        });
+        let mut refusing = SimFlash::from_bytes(bytes.clone());
+        refusing.cut_power_after(1);
+        let path = Path::new("/var/lib/loopwarden/refusing.flash");
+        let copy = || Ok(AgentFlash::Memory(SimFlash::from_bytes(bytes)));
+        let clock = clock_ms();
+        let opened = open_image(
+            AgentFlash::Memory(refusing),
+            Some(path),
+            false,
+            clock,
+            Some(copy),
+        );
+        let mut s = futures::executor::block_on(opened).expect("started on a copy");
+        assert!(!s.config_lost && !s.blank);
+        assert!(
+            s.first_seq >= clock_seq(clock).unwrap(),
+            "from the clock at least"
+        );
+        let mut b = [0u8; 1];
+        let got = futures::executor::block_on(s.store.get("health.1", &mut b)).unwrap();
+        assert_eq!((got, b[0]), (Some(1), 7), "what was kept");
         let kind = loopwarden_protocol::MessageKind::Event as u8;
         let time = loopwarden_protocol::TimestampMs(1_800_000_000_000);
         futures::executor::block_on(s.log.append(time, kind, &[1, 2])).unwrap();
