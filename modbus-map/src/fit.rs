@@ -5,7 +5,8 @@
 //! one the controllers read (input) or write (holding), of that kind and
 //! in the unit they take it in ([`READINGS`], [`SETTINGS`]: they convert
 //! nothing); the safety settings, the setpoint and the pump speed are
-//! there ([`NEEDED`]), and the pumps' running flags ([`NEEDED_READINGS`]);
+//! there ([`NEEDED`]), and the supply, return and flow sensors and the
+//! pumps' running flags ([`NEEDED_READINGS`]);
 //! each setting's range holds what they write. The valve word's range
 //! depends on the racks: checked when they are known ([`every_valve`],
 //! [`range_holds`]), also on the microcontroller, whose racks come with
@@ -87,10 +88,33 @@ pub const NEEDED: [(&str, &str); 5] = [
 ];
 
 /// The readings a map must have, and what the controllers do with each:
-/// the pumps' running feedback. Without it a pump the controllers run
-/// reads as stopped, which they take for a trip: both healthy pumps would
-/// be taken out of service in turn.
-pub const NEEDED_READINGS: [(&str, &str); 2] = [
+/// the sensors the control loops cannot run without (the core's required
+/// sensors, `cooling_core::sensors::Which::required`) and the pumps'
+/// running feedback. Without a sensor's register the sensor never reads:
+/// it is taken for lost, and the CDU runs degraded on what the others
+/// imply, or in failsafe, for as long as it runs on the map. Without a
+/// pump's running flag a pump the controllers run reads as stopped,
+/// which they take for a trip: both healthy pumps would be taken out of
+/// service in turn.
+pub const NEEDED_READINGS: [(&str, &str); 5] = [
+    (
+        "supply_temp",
+        "the secondary supply temperature, which the setpoint is held against: \
+         without it the supply sensor is taken for lost for good, and the CDU never runs normal \
+         (degraded on an estimate, or failsafe: pumps at full speed, the setpoint lowered)",
+    ),
+    (
+        "return_temp",
+        "the secondary return temperature, which with the flow gives the heat the loop carries: \
+         without it the return sensor is taken for lost for good, and the CDU never runs normal \
+         (degraded on an estimate, or failsafe: pumps at full speed, the setpoint lowered)",
+    ),
+    (
+        "flow",
+        "the secondary flow, which the pumps and the heat the loop carries are judged by: \
+         without it the flow sensor is taken for lost for good, and the CDU never runs normal \
+         (degraded on an estimate, or failsafe: pumps at full speed, the setpoint lowered)",
+    ),
     (
         "pump_a_running",
         "pump A's running feedback: without it the pump reads as stopped while it runs, \

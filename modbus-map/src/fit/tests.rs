@@ -2,6 +2,7 @@ use std::string::ToString;
 use std::vec::Vec;
 
 use super::*;
+use crate::MapFile;
 
 /// A register of `kind` named `name` in `unit`; a holding one's range
 /// `min` to `max`.
@@ -54,7 +55,7 @@ fn every_register_known_of_its_kind_and_unit_fits_any_racks_or_none() {
     for racks in 1..=16 {
         assert_eq!(check_fit(&fitting(), Some(racks)), Ok(()));
     }
-    // The needed settings and the pumps' running flags alone fit too:
+    // The needed settings and readings alone fit too:
     // the rest are read when there.
     let needed: Vec<_> = fitting()
         .into_iter()
@@ -215,5 +216,53 @@ fn a_serial_unit_id_addresses_one_device() {
     for id in [248, 255] {
         let e = check_serial_unit_id(id).unwrap_err().to_string();
         assert!(e.contains("reserved"), "{e}");
+    }
+}
+
+/// The shipped simulated CDU's map file, as it is.
+const SIM_MAP: &str = include_str!("../../../boards/cdus/sim-cdu.toml");
+
+/// The simulated CDU's map with the register named `name` cut from its
+/// text (its `[[register]]` table, up to the next).
+fn sim_map_without(name: &str) -> MapFile {
+    let at = SIM_MAP
+        .find(&format!("[[register]]\nname = \"{name}\"\n"))
+        .unwrap_or_else(|| panic!("{name} in boards/cdus/sim-cdu.toml"));
+    let end = SIM_MAP[at + 1..]
+        .find("[[register]]")
+        .map_or(SIM_MAP.len(), |n| at + 1 + n);
+    let text = format!("{}{}", &SIM_MAP[..at], &SIM_MAP[end..]);
+    let file: MapFile = toml::from_str(&text).expect("the map reads without it");
+    assert!(file.register.iter().all(|r| r.name != name), "{name} cut");
+    file
+}
+
+#[test]
+fn a_map_without_the_supply_the_return_or_the_flow_is_refused_naming_it() {
+    let whole: MapFile = toml::from_str(SIM_MAP).expect("the shipped map reads");
+    assert_eq!(whole.check(), Ok(()));
+    for racks in [None, Some(1), Some(16)] {
+        assert_eq!(check_fit(&whole.register, racks), Ok(()));
+    }
+    for (name, what) in [
+        ("supply_temp", "the secondary supply temperature"),
+        ("return_temp", "the secondary return temperature"),
+        ("flow", "the secondary flow"),
+    ] {
+        let cut = sim_map_without(name);
+        // The map's own check passes: only the fit refuses it.
+        assert_eq!(cut.check(), Ok(()), "{name}");
+        for racks in [None, Some(4)] {
+            let e = check_fit(&cut.register, racks).expect_err("refused");
+            assert!(
+                matches!(e, UnfitMap::MissingReading { name: n, .. } if n == name),
+                "{name}: {e:?}"
+            );
+            let e = e.to_string();
+            let head = format!(
+                "{name}: the map lacks it; the controller needs it as an input register, {what}"
+            );
+            assert!(e.starts_with(&head) && e.contains("lost for good"), "{e}");
+        }
     }
 }
