@@ -18,8 +18,8 @@ const FLAGS: [&str; 2] = [PUMP_A, PUMP_B];
 /// for 1, `None` for anything else or no value.
 pub(super) fn running(v: Option<f64>) -> Option<bool> {
     match v {
-        Some(v) if v == 0.0 => Some(false),
-        Some(v) if v == 1.0 => Some(true),
+        Some(0.0) => Some(false),
+        Some(1.0) => Some(true),
         _ => None,
     }
 }
