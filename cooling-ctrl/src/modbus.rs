@@ -20,7 +20,9 @@
 //! once (`flags`).
 //!
 //! Reads take as few requests as the map allows: one per run of contiguous
-//! input registers (at most 125 registers each). Writes take one request
+//! input registers (at most 125 registers each); a request that fails
+//! while another answers loses only its own registers, and is reported
+//! beside the readings (`reads`, [`CduPort::read_gaps`]). Writes take one request
 //! per setting, one setting at a time ([`CduPort::write_setting`]: the
 //! decision path, [`crate::decide`], orders them and holds each to the
 //! map's range); [`ModbusCdu::write`] writes a whole [`CduSettings`] for
@@ -104,6 +106,7 @@ mod fit;
 mod flags;
 mod link;
 mod read_back;
+mod reads;
 
 pub use error::{exception_meaning, CduError};
 pub use fit::{check_map, map_limits, UnfitMap};
@@ -215,8 +218,16 @@ pub const SETTING_REGISTERS: [&str; 6] = [
 /// time (the decision path orders them: [`crate::decide`]).
 #[allow(async_fn_in_trait)]
 pub trait CduPort {
-    /// Reads every measurement the map has (the others are `None`).
+    /// Reads every measurement the map has (the others are `None`). A
+    /// request that fails while another answers leaves its registers
+    /// `None` and its failure in [`CduPort::read_gaps`]; the read fails
+    /// only when no request answered.
     async fn read(&mut self) -> Result<CduMeasurements, CduError>;
+    /// The requests of the last read that failed while another answered
+    /// (empty after a read that read everything, or that failed whole).
+    fn read_gaps(&self) -> &[CduError] {
+        &[]
+    }
     /// Writes one setting. A value the map cannot encode fails with
     /// [`CduError::Value`] and nothing is sent.
     async fn write_setting(&mut self, w: &Write) -> Result<(), CduError>;
@@ -261,6 +272,8 @@ pub struct ModbusCdu {
     resolved: Vec<std::net::SocketAddr>,
     /// Each pump's running flag value last said as neither 0 nor 1.
     odd_flags: [Option<f64>; 2],
+    /// The requests of the last read that failed while another answered.
+    gaps: Vec<CduError>,
 }
 
 impl fmt::Debug for ModbusCdu {
@@ -293,6 +306,7 @@ impl ModbusCdu {
             port_held: false,
             resolved: Vec::new(),
             odd_flags: [None; 2],
+            gaps: Vec::new(),
         }
     }
 
@@ -554,8 +568,10 @@ impl ModbusCdu {
 impl CduPort for ModbusCdu {
     async fn read(&mut self) -> Result<CduMeasurements, CduError> {
         let mut values: Vec<(String, f64)> = Vec::new();
-        for span in self.spans.clone() {
-            let words = self.read_span(&span).await?;
+        for (span, words) in self.read_spans().await? {
+            let Some(words) = words else {
+                continue;
+            };
             for (name, address, n) in &span.registers {
                 let at = usize::from(address - span.start);
                 let value = self
@@ -611,6 +627,10 @@ impl CduPort for ModbusCdu {
                 source,
             })?;
         self.write_register(&r, value, words).await
+    }
+
+    fn read_gaps(&self) -> &[CduError] {
+        &self.gaps
     }
 
     fn limits(&self) -> MapLimits {

@@ -352,6 +352,68 @@ async fn a_refused_write_names_the_value_and_the_raw_words_it_tried() {
     assert!(e.to_string().ends_with(&want), "{e}");
 }
 
+/// A CDU that answers the read of inputs 0-6 (temperatures, flow, pumps,
+/// leaks) and refuses every other read of input registers with
+/// exception 4 (a meter sub-device that failed).
+#[derive(Clone)]
+struct MetersFailed;
+
+impl tokio_modbus::server::Service for MetersFailed {
+    type Request = SlaveRequest<'static>;
+    type Response = Response;
+    type Exception = ExceptionCode;
+    type Future = Ready<Result<Response, ExceptionCode>>;
+
+    fn call(&self, req: Self::Request) -> Self::Future {
+        ready(match req.request {
+            // Supply 30.12 °C, return 38.5 °C, flow 192.3 L/min, facility
+            // 27 °C, pump A running, B not, rack 2 wet.
+            Request::ReadInputRegisters(0, 7) => Ok(Response::ReadInputRegisters(vec![
+                3012, 3850, 1923, 2700, 1, 0, 0b100,
+            ])),
+            Request::ReadInputRegisters(..) => Err(ExceptionCode::ServerDeviceFailure),
+            _ => Err(ExceptionCode::IllegalFunction),
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_read_request_the_cdu_refuses_loses_only_its_own_registers() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let on_connected = |stream, socket_addr| async move {
+            accept_tcp_connection(stream, socket_addr, |_| Ok(Some(MetersFailed)))
+        };
+        let _ = Server::new(listener)
+            .serve(&on_connected, |e| eprintln!("CDU: {e}"))
+            .await;
+    });
+    let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
+    assert_eq!(client.read_requests(), vec![(0, 7), (10, 11)]);
+    let r = client.read().await.expect("one request answered");
+    // What answered is kept: the temperatures, the pumps, the leaks.
+    assert_eq!(r.supply_c, Some(30.12));
+    assert_eq!(r.pumps_running, [Some(true), Some(false)]);
+    assert_eq!(r.leaks, Some(0b100));
+    // What the refused request holds is unknown.
+    assert_eq!((r.it_w, r.facility_w, r.outdoor_c), (None, None, None));
+    assert_eq!(r.pump_faults, [None, None]);
+    // The refusal is reported beside the readings.
+    let gaps = client.read_gaps();
+    assert_eq!(gaps.len(), 1, "{gaps:?}");
+    assert_eq!(gaps[0].refused_code(), Some(4), "{gaps:?}");
+    assert_eq!(
+        gaps[0].to_string(),
+        format!(
+            "read input 10-20 (it_power to outdoor_temp) of unit 1 on Modbus TCP {addr}: \
+             the CDU refused it with exception 4 (server device failure)"
+        )
+    );
+}
+
 /// A TCP peer that takes one connection, reads a request, writes `answer`
 /// and closes the connection.
 async fn closing_peer(answer: &'static [u8]) -> SocketAddr {

@@ -160,7 +160,7 @@ pub const MODBUS_READS: Metric = Metric::counter(
 );
 pub const MODBUS_READ_ERRORS: Metric = Metric::counter(
     "loopwarden_cdu_modbus_read_errors_total",
-    "CDU Modbus reads that failed (refused or no answer).",
+    "CDU Modbus reads that failed, in whole or in part (refused or no answer).",
 );
 pub const MODBUS_WRITE_ERRORS: Metric = Metric::counter(
     "loopwarden_cdu_modbus_write_errors_total",

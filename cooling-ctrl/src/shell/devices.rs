@@ -57,6 +57,8 @@ pub(super) struct Devices<P> {
     pub(super) cdu: P,
     board: Option<Box<dyn BoardIo>>,
     cdu_error: Failing,
+    /// A request of the read that failed while another answered.
+    read_gap: Failing,
     write_error: Failing,
     board_errors: BoardErrors,
     /// When the CDU last answered a read.
@@ -116,6 +118,7 @@ impl<P: CduPort> Devices<P> {
             cdu,
             board,
             cdu_error: Failing::default(),
+            read_gap: Failing::default(),
             write_error: Failing::default(),
             board_errors: BoardErrors::default(),
             last_read: None,
@@ -142,6 +145,7 @@ impl<P: CduPort> Devices<P> {
                     tracing::info!("cooling shell: the CDU answers again (was: {e})");
                 }
                 stats.cdu_reads += 1;
+                self.judge_gaps(stats);
                 self.last_read = Some(now_ms());
                 self.pump_faults = Some(r.pump_faults);
                 Some(r)
@@ -212,6 +216,30 @@ impl<P: CduPort> Devices<P> {
                     tracing::error!("cooling shell: writing the CDU's settings: {msg}");
                 }
             }
+        }
+    }
+
+    /// A read that answered in part: its failed requests (the CDU's
+    /// [`CduPort::read_gaps`]) counted as a read error and logged once per
+    /// change of their text; their end said.
+    fn judge_gaps(&mut self, stats: &mut ShellStats) {
+        let gaps = self.cdu.read_gaps();
+        if gaps.is_empty() {
+            if let Some(e) = self.read_gap.worked() {
+                tracing::info!(
+                    "cooling shell: the CDU answers every read request again (was: {e})"
+                );
+            }
+            return;
+        }
+        stats.cdu_read_errors += 1;
+        let msg: Vec<String> = gaps.iter().map(ToString::to_string).collect();
+        let msg = msg.join("; ");
+        if self.read_gap.failed(msg.clone()) {
+            tracing::error!(
+                "cooling shell: reading the CDU (in part): {msg}: its registers (and those \
+                 of any request not tried after it) read no value this step; the rest was read"
+            );
         }
     }
 
@@ -324,6 +352,60 @@ mod tests {
         fn pump_fault_bits(&self) -> [bool; 2] {
             self.mapped
         }
+    }
+
+    /// A CDU whose reads answer in part: one request refused.
+    struct InPart {
+        gaps: Vec<crate::modbus::CduError>,
+    }
+
+    impl CduPort for InPart {
+        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
+            Ok(CduMeasurements {
+                leaks: Some(0b100),
+                ..CduMeasurements::default()
+            })
+        }
+        fn read_gaps(&self) -> &[crate::modbus::CduError] {
+            &self.gaps
+        }
+        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
+            Ok(())
+        }
+        fn limits(&self) -> MapLimits {
+            Silent::default().limits()
+        }
+        fn pump_fault_bits(&self) -> [bool; 2] {
+            [true; 2]
+        }
+    }
+
+    #[test]
+    fn a_read_that_answered_in_part_is_kept_and_counted_as_a_read_error() {
+        let refused = crate::modbus::CduError::Refused {
+            op: "read input 10-20 (it_power to outdoor_temp)".into(),
+            code: 4,
+            meaning: crate::modbus::exception_meaning(4),
+        };
+        let cdu = InPart {
+            gaps: vec![refused],
+        };
+        let mut d = Devices::new(cdu, None);
+        let mut stats = ShellStats::default();
+        let r = run(d.read_cdu(&mut stats)).expect("the readings that answered");
+        assert_eq!(r.leaks, Some(0b100));
+        assert_eq!((stats.cdu_reads, stats.cdu_read_errors), (1, 1));
+        assert!(d.cdu_error().is_none(), "the CDU answers");
+        assert!(d
+            .read_gap
+            .0
+            .as_ref()
+            .is_some_and(|e| e.contains("exception 4")));
+        // Read whole again: no error counted, the gap ended.
+        d.cdu.gaps.clear();
+        assert!(run(d.read_cdu(&mut stats)).is_some());
+        assert_eq!((stats.cdu_reads, stats.cdu_read_errors), (2, 1));
+        assert!(d.read_gap.0.is_none());
     }
 
     #[test]
@@ -550,6 +632,7 @@ mod tests {
             cdu: (),
             board: Some(Box::new(board)),
             cdu_error: Failing::default(),
+            read_gap: Failing::default(),
             write_error: Failing::default(),
             board_errors: BoardErrors::default(),
             last_read: None,
