@@ -113,8 +113,6 @@ pub struct Gpu {
     pub dead: bool,
     /// Samples still to miss (a slow NVML call), then it answers again.
     pub miss: u32,
-    /// Whether its last sample was missed.
-    pub missed_last: bool,
     /// What was last written, for delta samples.
     written: Option<Written>,
 }
@@ -164,7 +162,6 @@ impl Gpu {
             },
             dead: false,
             miss: 0,
-            missed_last: false,
             written: None,
         }
     }
@@ -437,8 +434,7 @@ impl Host {
         let limit = self.power_limit;
         let noise: f64 = self.rng.gen_range(-0.6..0.6);
         let gpu = &mut self.gpus[g];
-        gpu.missed_last = gpu.dead || gpu.miss > 0;
-        if gpu.missed_last {
+        if gpu.dead || gpu.miss > 0 {
             gpu.miss = gpu.miss.saturating_sub(1);
             let _ = writeln!(
                 self.out,
