@@ -263,7 +263,8 @@ fn headline(s: &Study) -> String {
     let quiet = s.no_false_alarms.ett * 100.0;
     let agent = s.agent_no_false_quarantines.ett * 100.0;
     line += &format!(
-        " (agent {agent:.2} % without false quarantines, agent + drain {quiet:.2} % without false alarms)"
+        " (agent {agent:.2} % without false quarantines, agent + drain {quiet:.2} % without false alarms; \
+         the drain needs the site's scheduler to requeue at a checkpoint, which Loopwarden does not ship)"
     );
     line
 }

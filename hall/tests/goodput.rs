@@ -93,6 +93,13 @@ fn goodput_prints_its_summary_and_writes_the_report_and_charts() {
     assert!(md.contains("| quarantine ends the job | no | `--quarantine-ends-job` |"));
     assert!(md.contains("keeps a healthy host out of the next restart under both agent policies"));
     assert!(md.contains("`--false-quarantines-per-gpu-day` |"));
+    // The drain policy is the site's to build, and the report says so.
+    let drains = "Loopwarden does not drain: the agent only marks the GPU `degraded` on the bus \
+                  (keep running, mark for maintenance), and its actions run on quarantine and \
+                  cooling loss alone. The drain policy needs the site's scheduler to read \
+                  `degraded` from the bus and requeue the job at a checkpoint, which Loopwarden \
+                  does not ship.";
+    assert!(md.contains(drains), "report.md lacks: {drains}");
     for (chart, axis) in [
         ("ett_vs_checkpoint.svg", "checkpoint interval (min, log)"),
         (

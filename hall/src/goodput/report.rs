@@ -141,7 +141,15 @@ fn result(md: &mut String, s: &Study) {
         flag_handling(&s.inputs.settings),
         with_neither(s) * 100.0,
     );
+    let _ = writeln!(md, "{DRAIN_NOT_SHIPPED}\n");
 }
+
+/// Who would carry out the drain policy: not Loopwarden.
+pub const DRAIN_NOT_SHIPPED: &str = "Loopwarden does not drain: the agent only marks the GPU \
+     `degraded` on the bus (keep running, mark for maintenance), and its actions run on \
+     quarantine and cooling loss alone. The drain policy needs the site's scheduler to read \
+     `degraded` from the bus and requeue the job at a checkpoint, which Loopwarden does not \
+     ship. Without it, the ETT the product gives is the agent's.";
 
 /// The visible classes the measured model does not cover, in words to
 /// follow "the measured model" ("" when it covers every one).
