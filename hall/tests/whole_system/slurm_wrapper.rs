@@ -275,7 +275,8 @@ fn the_slurm_wrapper_never_runs_a_reason_and_refuses_bad_usage() {
     // the resume is not tried; both say so, exit 1.
     let (code, said) = run(&slurm, &["drain", "h99", "cooling", "x"]);
     assert_eq!(code, 1, "{said}");
-    assert!(said.contains("drained for cooling anyway"), "{said}");
+    assert!(said.contains("scontrol update NodeName=h99"), "{said}");
+    assert!(!said.contains("drained for"), "{said}");
     let (code, said) = run(&slurm, &["resume", "h99", "cooling"]);
     assert_eq!(code, 1, "{said}");
     assert!(said.contains("not resumed"), "{said}");
@@ -483,4 +484,25 @@ fn the_slurm_wrapper_marks_a_drain_made_blind_and_no_resume_lifts_it() {
     let (code, said) = run(&slurm, &["resume", "h07", "gpu2"]);
     assert_eq!(code, 0, "{said}");
     assert_drained(&slurm, "h07", UNREAD, "the quarantine's resume");
+}
+
+#[test]
+fn the_slurm_wrapper_claims_no_blind_drain_that_slurm_refused() {
+    let Some(slurm) = Slurm::start(&["h07"]) else {
+        return;
+    };
+    // slurmctld answering neither the show nor the update: nothing is
+    // written, and nothing is said drained.
+    let shims = tempfile::tempdir().unwrap();
+    shim(
+        shims.path(),
+        "scontrol",
+        r#"echo "slurm_load_node error: Unable to contact slurm controller" >&2; exit 1"#,
+    );
+    let drain = ["drain", "h07", "gpu2", "x"];
+    let (code, said) = run_with(&slurm, Some(shims.path()), &drain);
+    assert_eq!(code, 1, "{said}");
+    assert!(said.contains("scontrol update NodeName=h07"), "{said}");
+    assert!(!said.contains("drained for"), "{said}");
+    assert_eq!(reason(&slurm, "h07"), None);
 }
