@@ -24,11 +24,18 @@ pub(super) struct Timings {
 
 /// The longest `slow_counters_s`. The PCIe replay rate rule counts the
 /// replays over the last minute and holds its streak while the two
-/// minutes' rate stays over the limit: a counter read further apart than
-/// that (the engine sees it step once per read) never shows a sustained
+/// minutes' rate stays over the limit: a counter read 2 minutes apart or
+/// more (the engine sees it step once per read) never shows a sustained
 /// rate, so the rule would be off without a word. Rounded up to whole
-/// periods (at most 60 s each), reads stay under 2 minutes apart.
+/// periods (at most 60 s each), reads stay under 2 minutes apart (a 59 s
+/// period reads every 118 s). More was allowed before (up to 600 s): it
+/// is read as this, and said, so that an upgraded host still starts.
 const MOST_SLOW_COUNTERS_S: u64 = 60;
+
+/// Why `slow_counters_s` is at most [`MOST_SLOW_COUNTERS_S`].
+const SLOW_COUNTERS_WHY: &str = "the PCIe replay rate is judged over the last minute, \
+     sustained over two, so its counter's reads, rounded up to whole periods, \
+     must stay under 2 minutes apart";
 
 /// The sampling period, the JSON mirror's period (at least the sampling
 /// period), the deadline of one GPU call (at most the sampling period),
@@ -60,19 +67,13 @@ pub(super) fn timings(
         period,
         " ms, at most the sampling period",
     )?;
-    let slow_s = range(
+    let slow_s = slow_counters_s(
         src,
         pick!(
             flags.slow_counters_s,
             file.slow_counters_s,
             "slow-counters-s"
         ),
-        "slow_counters_s",
-        30,
-        1,
-        MOST_SLOW_COUNTERS_S,
-        " s: the PCIe replay rate is judged over the last minute, sustained over two, \
-         so its counter is read at least once a minute",
     )?;
     let unresponsive_after = range(
         src,
@@ -100,6 +101,41 @@ pub(super) fn timings(
         unresponsive_after,
         expected_gpus,
     })
+}
+
+/// `slow_counters_s`: 1 to [`MOST_SLOW_COUNTERS_S`] s, 30 by default. A
+/// value above the most (allowed up to 600 s before) is taken down to it
+/// and said as an error naming the key, the value given and the value
+/// used; 0 is refused.
+fn slow_counters_s(
+    src: &Sources,
+    (given, flag): (Option<u64>, Option<&str>),
+) -> Result<u64, ConfigError> {
+    let most = MOST_SLOW_COUNTERS_S;
+    let used = match given {
+        Some(s) if s > most => {
+            let said = src.error(
+                flag,
+                "slow_counters_s",
+                format!(
+                    "slow_counters_s = {s} is above {most} s: {most} s is used \
+                     ({SLOW_COUNTERS_WHY}); write {most} or less to silence this"
+                ),
+            );
+            tracing::error!("{said}");
+            Some(most)
+        }
+        other => other,
+    };
+    range(
+        src,
+        (used, flag),
+        "slow_counters_s",
+        30,
+        1,
+        most,
+        &format!(" s: {SLOW_COUNTERS_WHY}"),
+    )
 }
 
 /// `[guard]`: engage under the board's shutdown temperature (by default
@@ -164,26 +200,33 @@ mod tests {
     use super::super::{resolve, Overrides};
 
     /// The PCIe replay rate is judged over the last minute and sustained
-    /// over two: read further apart than that, its counter never shows a
-    /// sustained rate (node-core's `rate_latency` test measures every
-    /// interval accepted here).
+    /// over two: read 2 minutes apart or more, its counter never shows a
+    /// sustained rate (node-core's `rate_latency` test measures the
+    /// intervals accepted here). More than 60 s, allowed before, is read
+    /// as 60 s (`tests/config_taken_down.rs` checks what is said); 0 is
+    /// refused, naming the key, the range and why.
     #[test]
-    fn slow_counters_read_more_than_a_minute_apart_are_refused_naming_the_key_and_range() {
+    fn slow_counters_above_a_minute_are_read_as_60_s_and_0_is_refused_naming_the_range() {
         let base = "site = \"a\"\nhost = \"b\"\ntwin_gpus = 8\n";
-        for s in [61, 150, 600] {
+        let load = |s: u64| {
             let text = format!("{base}slow_counters_s = {s}\n");
-            let e = resolve(Some(Path::new("agent.toml")), &text, &Overrides::default())
-                .expect_err("refused");
-            assert_eq!(e.line, Some(4), "{e}");
-            let said = e.to_string();
-            assert!(
-                said.contains(&format!("slow_counters_s = {s} is out of range (1 to 60 s")),
-                "{said}"
-            );
+            resolve(Some(Path::new("agent.toml")), &text, &Overrides::default())
+        };
+        for s in [60, 61, 150, 600] {
+            let c = load(s).expect("taken");
+            assert_eq!(c.slow_counters, Duration::from_secs(60), "{s}");
         }
-        let text = format!("{base}slow_counters_s = 60\n");
-        let c = resolve(Some(Path::new("agent.toml")), &text, &Overrides::default())
-            .expect("a minute is taken");
-        assert_eq!(c.slow_counters, Duration::from_secs(60));
+        assert_eq!(
+            load(1).expect("taken").slow_counters,
+            Duration::from_secs(1)
+        );
+        let e = load(0).err().expect("0 s refused");
+        assert_eq!(e.line, Some(4), "{e}");
+        let said = e.to_string();
+        assert!(
+            said.contains("slow_counters_s = 0 is out of range (1 to 60 s: ")
+                && said.contains("under 2 minutes apart"),
+            "{said}"
+        );
     }
 }
