@@ -506,3 +506,48 @@ fn the_slurm_wrapper_claims_no_blind_drain_that_slurm_refused() {
     assert!(!said.contains("drained for"), "{said}");
     assert_eq!(reason(&slurm, "h07"), None);
 }
+
+#[test]
+fn the_slurm_wrappers_remedy_for_a_blind_drain_lifts_the_mark_alone() {
+    let Some(slurm) = Slurm::start(&["h07"]) else {
+        return;
+    };
+    let shims = tempfile::tempdir().unwrap();
+    shim(
+        shims.path(),
+        "scontrol",
+        r#"[ "$1" = show ] && { echo "slurm_load_node error: Socket timed out on send/recv operation" >&2; exit 1; }; exec "$real" "$@""#,
+    );
+    let (code, said) = run_with(&slurm, Some(shims.path()), &["drain", "h07", "gpu2", "x"]);
+    assert_eq!(code, 1, "{said}");
+    // The remedy it names lifts the mark, not the quarantine's drain.
+    assert!(said.contains("loopwarden-slurm clear-unread h07"), "{said}");
+    let (code, said) = run(&slurm, &["clear-unread", "h07"]);
+    assert_eq!(code, 0, "{said}");
+    assert_drained(&slurm, "h07", "loopwarden:gpu2: x", "the mark's clearing");
+    // Nothing of it left: nothing done.
+    let (code, said) = run(&slurm, &["clear-unread", "h07"]);
+    assert_eq!(code, 0, "{said}");
+    assert!(said.contains("no mark"), "{said}");
+    assert_drained(&slurm, "h07", "loopwarden:gpu2: x", "a second clearing");
+    // The mark alone left: the node goes back into service.
+    let (code, said) = run(&slurm, &["resume", "h07", "gpu2"]);
+    assert_eq!(code, 0, "{said}");
+    slurm
+        .wait_state("h07", "idle", Duration::from_secs(10))
+        .unwrap_or_else(|s| panic!("h07 not idle after the resume: {s}; {}", slurm.reasons()));
+    let (code, said) = run_with(
+        &slurm,
+        Some(shims.path()),
+        &["drain", "h07", "cooling", "y"],
+    );
+    assert_eq!(code, 1, "{said}");
+    let (code, said) = run(&slurm, &["resume", "h07", "cooling"]);
+    assert_eq!(code, 0, "{said}");
+    assert_drained(&slurm, "h07", UNREAD, "the cooling resume");
+    let (code, said) = run(&slurm, &["clear-unread", "h07"]);
+    assert_eq!(code, 0, "{said}");
+    slurm
+        .wait_state("h07", "idle", Duration::from_secs(10))
+        .unwrap_or_else(|s| panic!("h07 not idle after the clearing: {s}; {}", slurm.reasons()));
+}
