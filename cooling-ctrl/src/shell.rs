@@ -115,7 +115,7 @@ mod leases;
 mod links;
 mod operator;
 mod publish;
-mod start;
+pub(crate) mod start;
 mod stats;
 
 use crate::decide::leases::LeaseBook;
@@ -647,6 +647,7 @@ impl<P: CduPort> Shell<P> {
         let took = CduTook {
             valves: self.decider.valves_taken(),
             all: all_in,
+            setpoint_c: self.stats.setpoint_written_c.map(|v| v as f32),
         };
         let r = readings.as_ref();
         self.bms

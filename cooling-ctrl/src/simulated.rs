@@ -55,6 +55,7 @@ use crate::journal::{
     LatchRecord, LEARNED_EVERY,
 };
 use crate::modbus::{map_limits, CduMeasurements};
+use crate::shell::start::start_decider;
 use crate::site_figures::core_config;
 
 /// The core, through the decision path, as a scenario runner's controller.
@@ -164,16 +165,11 @@ impl Ours {
         let mut store = open_store(flash);
         let latched = block_on(load_latched(&mut store));
         self.kept = latched.as_ref().ok().copied().flatten();
-        self.decider = Decider::new(self.cfg, self.limits, &latched)
+        // Built as the shell builds it: beside a record it cannot believe,
+        // the records written anew go above the generation the flash held.
+        let floor = block_on(relatch_floor(&mut store, &latched));
+        self.decider = start_decider(self.cfg, self.limits, &latched, floor)
             .unwrap_or_else(|e| panic!("a configuration accepted before is refused: {e}"));
-        // As the shell starts: beside a record it cannot believe, the
-        // records written anew go above the generation the flash held.
-        if let Some(g) = block_on(relatch_floor(&mut store, &latched)) {
-            self.decider.continue_above(g);
-        }
-        for what in self.decider.take_said() {
-            tracing::warn!("ours: {what}");
-        }
         let learned = block_on(load_learned(&mut store, &self.cfg));
         if let Some(why) = learned.refused.first() {
             panic!("the simulated flash lost the learned figures: {why}");

@@ -114,7 +114,7 @@ pub(super) fn leak_sensing_notes(l: &Layout, board: bool) -> Vec<String> {
 /// read ([`crate::journal::relatch_floor`]). Says in the log what it
 /// restored, and where the map holds the core tighter than its
 /// configuration.
-pub(super) fn start_decider(
+pub(crate) fn start_decider(
     cfg: CoreConfig,
     limits: MapLimits,
     latched: &Result<Option<LatchRecord>, String>,
