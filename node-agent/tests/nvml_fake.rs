@@ -36,6 +36,11 @@
 //! Field ids and throttle bits are written out from `nvml.h` rather than
 //! taken from `node_agent::nvml`, so a wrong constant there shows here.
 //!
+//! Every test takes [`logs::one_at_a_time`] first: one captures the log
+//! (ECC off said once), and others reach the same lines on threads of
+//! their own, which could leave its capture deaf
+//! (`every_test_here_takes_the_log_lock_first` checks it).
+//!
 //! The fake is in `fake_nvml_api/`. The calls that hang and the XID
 //! events are tested in `nvml_fake_hangs_xids.rs`; NVLink per link, the
 //! schedule of the slow counters, `node-agent probe` and failing closed
@@ -65,6 +70,7 @@ use logs::{lines_with, logged};
 
 #[test]
 fn healthy_gpu_sample_maps_every_field() {
+    let _one = logs::one_at_a_time();
     let (_fake, mut gpu) = one_gpu(Answers::healthy());
     let sample = gpu.sample().expect("a healthy GPU samples");
     let expected = GpuSample {
@@ -111,6 +117,7 @@ fn healthy_gpu_sample_maps_every_field() {
 /// that fails, and not known (`None`) on a driver without it.
 #[test]
 fn the_recovery_action_is_read_with_the_slow_counters_and_held() {
+    let _one = logs::one_at_a_time();
     let fake = FakeNvml::new(vec![Answers::healthy()]);
     let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(3);
     assert_eq!(gpu.sample().expect("a sample").recovery_action, Some(0));
@@ -157,6 +164,7 @@ fn the_recovery_action_is_read_with_the_slow_counters_and_held() {
 
 #[test]
 fn pending_flags_follow_their_own_fields_and_ecc_off_skips_the_counters() {
+    let _one = logs::one_at_a_time();
     let mut answers = Answers::healthy();
     answers.ecc_enabled = Ok(false);
     for (id, v) in [
@@ -189,6 +197,7 @@ fn pending_flags_follow_their_own_fields_and_ecc_off_skips_the_counters() {
 /// counters, so ECC turned on (at a reset) is read at once.
 #[test]
 fn ecc_off_is_said_once_and_its_counts_are_unknown_never_no_errors() {
+    let _one = logs::one_at_a_time();
     let mut answers = Answers::healthy();
     answers.ecc_enabled = Ok(false);
     let (fake, mut gpu) = one_gpu(answers);
@@ -214,6 +223,7 @@ fn ecc_off_is_said_once_and_its_counts_are_unknown_never_no_errors() {
 
 #[test]
 fn describe_maps_identity_and_limits_per_gpu() {
+    let _one = logs::one_at_a_time();
     let mut second = Answers::healthy();
     second.uuid = Ok("GPU-second".into());
     second.default_limit_mw = Ok(600_400);
@@ -251,6 +261,7 @@ fn describe_maps_identity_and_limits_per_gpu() {
 
 #[test]
 fn unsupported_fields_are_recorded_once_and_not_asked_again() {
+    let _one = logs::one_at_a_time();
     let mut answers = Answers::healthy();
     answers.power_mw = Err(NotSupported);
     answers.fields.insert(fi::MEMORY_TEMP, Err(NotSupported));
@@ -307,6 +318,7 @@ fn unsupported_fields_are_recorded_once_and_not_asked_again() {
 
 #[test]
 fn after_a_reprobe_what_was_not_supported_is_asked_again() {
+    let _one = logs::one_at_a_time();
     let mut answers = Answers::healthy();
     answers.power_mw = Err(NotSupported);
     answers.fields.insert(fi::MEMORY_TEMP, Err(NotSupported));
@@ -332,6 +344,7 @@ fn after_a_reprobe_what_was_not_supported_is_asked_again() {
 
 #[test]
 fn unsupported_field_values_call_marks_every_field_group_once() {
+    let _one = logs::one_at_a_time();
     let mut answers = Answers::healthy();
     answers.fields_call = Err(NotSupported);
     let (fake, mut gpu) = one_gpu(answers);
@@ -364,6 +377,7 @@ fn unsupported_field_values_call_marks_every_field_group_once() {
 
 #[test]
 fn unsupported_ecc_mode_reports_ecc_unsupported_and_off() {
+    let _one = logs::one_at_a_time();
     let mut answers = Answers::healthy();
     answers.ecc_enabled = Err(NotSupported);
     let (fake, mut gpu) = one_gpu(answers);
@@ -393,6 +407,7 @@ fn sample_error(change: impl FnOnce(&mut Answers)) -> GpuError {
 /// call with NVML's answer, and says nothing of a range or of root.
 #[test]
 fn an_nvml_refusal_names_the_call_and_nvmls_answer() {
+    let _one = logs::one_at_a_time();
     let temp = sample_error(|a| a.temperature = Err(NotSupported));
     assert_eq!(temp, nvml("nvmlDeviceGetTemperature", NotSupported));
     let limit = sample_error(|a| a.enforced_limit_mw = Err(InvalidArgument));
@@ -425,6 +440,7 @@ fn an_nvml_refusal_names_the_call_and_nvmls_answer() {
 
 #[test]
 fn failures_other_than_not_supported_fail_the_sample() {
+    let _one = logs::one_at_a_time();
     let x = || NvmlFailure::Other("x".into());
     assert_eq!(
         sample_error(|a| a.temperature = Err(GpuLost)),
@@ -473,6 +489,7 @@ fn failures_other_than_not_supported_fail_the_sample() {
 
 #[test]
 fn a_failure_is_not_recorded_as_unsupported() {
+    let _one = logs::one_at_a_time();
     let mut answers = Answers::healthy();
     answers.power_mw = Err(GpuLost);
     let (fake, mut gpu) = one_gpu(answers);
@@ -485,6 +502,7 @@ fn a_failure_is_not_recorded_as_unsupported() {
 
 #[test]
 fn describe_and_limit_failures_map_to_gpu_errors() {
+    let _one = logs::one_at_a_time();
     let (fake, mut gpu) = one_gpu(Answers::healthy());
     fake.set(0, |a| a.name = Err(NvmlFailure::Other("x".into())));
     assert_eq!(gpu.describe(), Err(failed("nvmlDeviceGetName", "x")));
@@ -548,6 +566,7 @@ async fn set_limit_reaches_nvml_in_milliwatts_and_reads_back_in_watts() {
 
 #[test]
 fn an_unsupported_enforced_limit_hides_neither_power_nor_the_limit() {
+    let _one = logs::one_at_a_time();
     let mut answers = Answers::healthy();
     answers.enforced_limit_mw = Err(NotSupported);
     let (fake, mut gpu) = one_gpu(answers);
@@ -589,6 +608,7 @@ fn one_ecc_counter_unsupported(counter: (bool, bool), group: Unsupported, ecc: E
 
 #[test]
 fn one_unsupported_aggregate_ecc_counter_hides_only_the_aggregates() {
+    let _one = logs::one_at_a_time();
     // The volatile counts stand.
     one_ecc_counter_unsupported(
         (true, false),
@@ -604,6 +624,7 @@ fn one_unsupported_aggregate_ecc_counter_hides_only_the_aggregates() {
 
 #[test]
 fn unsupported_aggregate_ecc_counters_leave_a_dbe_rise_to_the_rules() {
+    let _one = logs::one_at_a_time();
     use loopwarden_protocol::{HealthState, ReasonCode, TimestampMs};
     use node_core::health::{HealthEngine, Limits, Output, Policy};
     let mut answers = clean();
@@ -642,6 +663,7 @@ fn unsupported_aggregate_ecc_counters_leave_a_dbe_rise_to_the_rules() {
 
 #[test]
 fn one_unsupported_volatile_ecc_counter_reports_ecc_and_keeps_the_aggregates() {
+    let _one = logs::one_at_a_time();
     // The aggregates stand.
     one_ecc_counter_unsupported(
         (true, true),
@@ -657,6 +679,7 @@ fn one_unsupported_volatile_ecc_counter_reports_ecc_and_keeps_the_aggregates() {
 
 #[test]
 fn a_partly_unsupported_group_reports_nothing_of_it() {
+    let _one = logs::one_at_a_time();
     let mut answers = Answers::healthy();
     answers
         .fields
@@ -678,6 +701,7 @@ fn a_partly_unsupported_group_reports_nothing_of_it() {
 
 #[test]
 fn throttle_bits_map_to_reasons_and_unknown_bits_are_ignored() {
+    let _one = logs::one_at_a_time();
     // nvmlClocksEventReason* bits, from nvml.h.
     let table = [
         (0x1, ThrottleReasons::IDLE),
@@ -708,4 +732,29 @@ fn throttle_bits_map_to_reasons_and_unknown_bits_are_ignored() {
         throttle_from_nvml(unknown | 0x4),
         ThrottleReasons::SW_POWER_CAP
     );
+}
+
+/// A test of this binary that captures log lines can miss its own if
+/// another reaches the same line on a thread of its own first
+/// (`logs/mod.rs`): every test here takes the lock first, this one too.
+#[test]
+fn every_test_here_takes_the_log_lock_first() {
+    let _one = logs::one_at_a_time();
+    let source = include_str!("nvml_fake.rs");
+    let mut lines = source.lines();
+    let mut tests = 0;
+    while let Some(line) = lines.next() {
+        if line.trim() != "#[test]" {
+            continue;
+        }
+        let signature = lines.next().unwrap_or_default();
+        let first = lines.next().unwrap_or_default();
+        assert_eq!(
+            first.trim(),
+            "let _one = logs::one_at_a_time();",
+            "{signature}: take the log lock first"
+        );
+        tests += 1;
+    }
+    assert!(tests > 1, "{tests} tests found");
 }
