@@ -30,10 +30,12 @@
 //! goes out, and when one fails after others went in the error names both
 //! ([`CduError::Partial`]). A write is done only when the CDU's answer
 //! echoes it (the register and the value; for two words the first
-//! register and the count) and, for two words, whose echo does not carry
-//! the value, when the registers read back (function 3) hold what was
-//! written: one more request per two-word setting, none for a map whose
-//! settings are all one word. Every request runs under a timeout (500 ms
+//! register and the count) and its registers read back (function 3) hold
+//! what was written: neither echo shows what the CDU kept (function 6's
+//! is the request itself). A two-word setting is read back right after
+//! its echo; a step's one-word settings together after its writes, one
+//! request per run of contiguous holding registers
+//! ([`CduPort::read_back`], `read_back`), the heartbeat left out. Every request runs under a timeout (500 ms
 //! unless set); after a request that got no answer, a broken link or a
 //! garbled answer, the next request opens the link afresh (for RTU: reopens
 //! the port and discards whatever arrives until the line is quiet, so a
@@ -69,8 +71,8 @@
 //! - *bad answer* ([`CduError::BadAnswer`]): something answered, but not to
 //!   this request (another unit, another function, the wrong length, a
 //!   write's echo with another register or value, which may be a value the
-//!   CDU clamped, a two-word setting that reads back another value than
-//!   the one written, or an answer that does not decode, such as a bad RTU
+//!   CDU clamped, a setting that reads back another value than the one
+//!   written, or an answer that does not decode, such as a bad RTU
 //!   CRC): noise on the line, two masters on one bus, a late answer, or a
 //!   CDU that did not write what was asked.
 //! - *value* ([`CduError::Value`]): a setting the map says the CDU cannot
@@ -227,6 +229,15 @@ pub trait CduPort {
     /// (empty after a read that read everything, or that failed whole).
     fn read_gaps(&self) -> &[CduError] {
         &[]
+    }
+    /// Reads back the settings of `written` (this step's writes that were
+    /// echoed right) whose echo does not show what the CDU holds: one
+    /// request per run of contiguous holding registers. Each failure
+    /// names the settings it leaves not taken: holding another value, or
+    /// unknown (the read-back failed). None by default.
+    async fn read_back(&mut self, written: &[Write]) -> Vec<(Vec<Setting>, CduError)> {
+        let _ = written;
+        Vec::new()
     }
     /// Writes one setting. A value the map cannot encode fails with
     /// [`CduError::Value`] and nothing is sent.
@@ -524,8 +535,10 @@ impl ModbusCdu {
     /// CDU echoes the request: the address and the value for one word
     /// (function 6), the address and the count for two (function 16). Any
     /// other echo (a value it clamped, another register's) is a bad answer.
-    /// Two words are then read back ([`ModbusCdu::read_back`]): their echo
-    /// does not carry the value.
+    /// Two words are then read back ([`ModbusCdu::read_back_wide`]): their
+    /// echo does not carry the value. One word is read back with the
+    /// step's others ([`CduPort::read_back`]): its echo is the request,
+    /// whatever the CDU kept.
     async fn write_register(
         &mut self,
         r: &Register,
@@ -554,7 +567,7 @@ impl ModbusCdu {
             return Ok(());
         }
         if answer == echo {
-            return self.read_back(r, value, &words, op).await;
+            return self.read_back_wide(r, value, &words, op).await;
         }
         let detail = format!(
             "the CDU echoed {}, not {}: the value it holds is unknown",
@@ -633,6 +646,10 @@ impl CduPort for ModbusCdu {
         &self.gaps
     }
 
+    async fn read_back(&mut self, written: &[Write]) -> Vec<(Vec<Setting>, CduError)> {
+        self.read_back_settings(written).await
+    }
+
     fn limits(&self) -> MapLimits {
         map_limits(&self.map)
     }
@@ -676,7 +693,11 @@ impl ModbusCdu {
             .map(|(n, _)| *n)
             .filter(|n| plan.iter().any(|(r, _, _)| r.name == *n))
             .collect();
+        let mut writes: Vec<Write> = Vec::new();
         for (i, (r, value, words)) in plan.into_iter().enumerate() {
+            if let Some(setting) = Setting::ORDER.into_iter().find(|s| s.register() == r.name) {
+                writes.push(Write { setting, value });
+            }
             if let Err(cause) = self.write_register(&r, value, words).await {
                 if i == 0 {
                     return Err(cause);
@@ -689,7 +710,16 @@ impl ModbusCdu {
                 });
             }
         }
-        Ok(())
+        let Some((settings, cause)) = self.read_back(&writes).await.into_iter().next() else {
+            return Ok(());
+        };
+        let failed = settings[0].register();
+        Err(CduError::Partial {
+            written: names.into_iter().filter(|n| *n != failed).collect(),
+            failed,
+            not_tried: Vec::new(),
+            cause: Box::new(cause),
+        })
     }
 }
 

@@ -1,7 +1,8 @@
 //! The CDU's Modbus client against CDUs that answer wrongly: a write whose
 //! echo is not the request (a clamped value, another register), a
-//! two-word setting that reads back another value than the one written
-//! or cannot be read back, a garbled RTU answer, a TCP peer that closes
+//! setting (one word or two) that reads back another value than the one
+//! written or cannot be read back, a read request refused while another
+//! answers, a garbled RTU answer, a TCP peer that closes
 //! the connection; and what a refused write says it tried to write.
 
 use std::collections::BTreeMap;
@@ -302,6 +303,84 @@ async fn a_two_word_setting_the_cdu_clamps_is_a_bad_answer_naming_both_values() 
     client.write(&SETTINGS).await.expect("every setting taken");
 }
 
+/// The supply setpoint written to the i16 at holding 0 (42 °C, raw 4200).
+const SETPOINT: Write = Write {
+    setting: Setting::Setpoint,
+    value: 42.0,
+};
+
+#[tokio::test]
+async fn a_one_word_setting_the_cdu_clamps_is_a_bad_answer() {
+    // The CDU clamps the setpoint to 40 °C (raw 4000) and echoes the
+    // write as the specification asks: holding 0 = 4200, the value sent.
+    let clamps: Keep = Some(|a, w| match (a, w) {
+        (0, [_]) => vec![4000],
+        _ => w.to_vec(),
+    });
+    let addr = serve_keeping(right_echo, clamps).await;
+    let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
+    client.write_setting(&SETPOINT).await.expect("echoed right");
+    // The step's read-back: one request over what it wrote.
+    let speed = Write {
+        setting: Setting::PumpSpeed,
+        value: 72.5,
+    };
+    client.write_setting(&speed).await.expect("echoed right");
+    let failed = client.read_back(&[SETPOINT, speed]).await;
+    let [(settings, e)] = failed.as_slice() else {
+        panic!("one setting not held: {failed:?}");
+    };
+    assert_eq!(settings, &[Setting::Setpoint]);
+    let CduError::BadAnswer { op, detail } = e else {
+        panic!("not a bad answer: {e:?}");
+    };
+    assert_eq!(
+        op,
+        &format!(
+            "write supply_setpoint at holding 0 of unit 1 on Modbus TCP {addr}, \
+             value 42 °C (raw 0x1068)"
+        )
+    );
+    assert_eq!(
+        detail,
+        "the CDU echoed the write, but holding 0 reads back value 40 °C (raw 0x0fa0), \
+         not the value 42 °C (raw 0x1068) written: it clamped the value or did not take it"
+    );
+    // A whole write stops there, naming what went in.
+    let e = client.write(&SETTINGS).await.unwrap_err();
+    assert_bad_echo(
+        &e,
+        &[
+            "valves_open",
+            "pumps_run",
+            "lead_pump",
+            "pump_speed",
+            "heartbeat",
+        ],
+        "supply_setpoint",
+        "reads back value 40 °C",
+    );
+    // A CDU that holds what it is sent: taken.
+    let addr = serve_keeping(right_echo, AS_SENT).await;
+    let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
+    for w in [SETPOINT, speed] {
+        client.write_setting(&w).await.expect("echoed right");
+    }
+    assert!(client.read_back(&[SETPOINT, speed]).await.is_empty());
+    // What it holds is read, not what was last sent: a setting this step
+    // did not write reads back as the CDU holds it.
+    let lead = Write {
+        setting: Setting::LeadPump,
+        value: 1.0,
+    };
+    let failed = client.read_back(&[SETPOINT, lead]).await;
+    assert!(
+        matches!(failed.as_slice(), [(s, CduError::BadAnswer { .. })] if s == &[Setting::LeadPump]),
+        "{failed:?}"
+    );
+    client.write(&SETTINGS).await.expect("every setting taken");
+}
+
 #[tokio::test]
 async fn a_two_word_setting_that_cannot_be_read_back_is_not_taken() {
     // The CDU echoes every write right but refuses reads of its holding
@@ -320,11 +399,26 @@ async fn a_two_word_setting_that_cannot_be_read_back_is_not_taken() {
         )),
         "{e}"
     );
-    // One-word settings are never read back: their echo carries the value.
-    tcp_client(RegisterMap::sim_cdu(), addr)
-        .write(&SETTINGS)
-        .await
-        .expect("one-word settings echoed right");
+    // One-word settings are read back too, each step's in one request
+    // (the echo of function 6 is the request, whatever the CDU kept): not
+    // served, none of them is taken.
+    let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
+    client.write_setting(&SETPOINT).await.expect("echoed right");
+    let failed = client.read_back(&[SETPOINT]).await;
+    let [(settings, e)] = failed.as_slice() else {
+        panic!("the setpoint unknown: {failed:?}");
+    };
+    assert_eq!(settings, &[Setting::Setpoint]);
+    assert_eq!(e.refused_code(), Some(1), "{e:?}");
+    let e = client.write(&SETTINGS).await.unwrap_err();
+    assert_eq!(e.refused_code(), Some(1), "{e:?}");
+    assert!(
+        e.to_string().contains(&format!(
+            "read back holding 0-4 (supply_setpoint to pumps_run) of unit 1 on Modbus TCP {addr}: \
+             the CDU refused it with exception 1"
+        )),
+        "{e}"
+    );
 }
 
 #[tokio::test]

@@ -1,10 +1,33 @@
-//! The read-back of a two-word setting. A function-16 write's echo carries
-//! the first register and the count, never the value, so a CDU that
-//! clamps a 32-bit `pump_speed` (72.5 % to 70 %) echoes it as if it took
-//! it: after the echo, the written registers are read back (function 3)
-//! and compared word for word. A one-word write (function 6) needs none:
-//! its echo carries the value.
+//! The read-back of the settings: a write's echo does not show what the
+//! CDU holds. A function-16 write's echo carries the first register and
+//! the count, never the value; a function-6 write's echo is the request
+//! itself, whatever the CDU kept. So a CDU that clamps a setting (a
+//! 32-bit `pump_speed` from 72.5 % to 70 %, a 16-bit `supply_setpoint`
+//! from 42 °C to 40 °C) without an exception echoes it as if it took it,
+//! and the controller would judge the supply against a setpoint the CDU
+//! never got. A two-word setting is read back (function 3) right after
+//! its echo ([`ModbusCdu::read_back_wide`]); the one-word settings of a
+//! step are read back together after the step's writes, one request per
+//! run of contiguous holding registers ([`CduPort::read_back`]: one for
+//! the simulated CDU's map). Both compare word for word: another value is
+//! a bad answer naming the value held, and a read-back that fails (no
+//! answer, refused, a bad answer) fails the writes it covers, since
+//! whether the CDU took them is not known. The heartbeat is not read
+//! back: a CDU may count its watchdog register down or clear it, so what
+//! it holds says nothing of the write; its echo is checked.
+//!
+//! Glossary:
+//! - *held*: the words a setting's registers read back.
 use super::*;
+
+/// A one-word setting to read back: its register, the value written and
+/// its word.
+struct OneWord {
+    setting: Setting,
+    register: Register,
+    value: f64,
+    word: u16,
+}
 
 impl ModbusCdu {
     /// Reads back holding register `r`'s words after the write of `value`
@@ -13,7 +36,7 @@ impl ModbusCdu {
     /// value is a bad answer naming the value held; a read-back that fails
     /// (no answer, refused, a bad answer) fails the write: whether the
     /// CDU took the value is not known.
-    pub(super) async fn read_back(
+    pub(super) async fn read_back_wide(
         &mut self,
         r: &Register,
         value: f64,
@@ -24,27 +47,132 @@ impl ModbusCdu {
         let last = u32::from(r.address) + u32::from(n) - 1;
         let at = format!("holding {}-{last}", r.address);
         let op = format!("{write_op}, read back from {at}");
-        let held = match self
-            .exchange(op.clone(), Request::ReadHoldingRegisters(r.address, n))
-            .await?
-        {
-            Response::ReadHoldingRegisters(held) if held.len() == words.len() => held,
-            Response::ReadHoldingRegisters(held) => {
-                let detail = format!("{} registers for {n} asked", held.len());
-                return Err(self.bad_answer(op, detail));
-            }
-            other => return Err(self.bad_answer(op, format!("{other:?}"))),
-        };
+        let held = self.read_holding(op, r.address, n).await?;
         if held == words {
             return Ok(());
         }
-        let held_value = r.decode(self.map.word_order, &held);
+        Err(self.held_other(r, value, words, &held, &at, write_op))
+    }
+
+    /// Holding registers `start` to `start + n - 1`, read for `op`.
+    async fn read_holding(&mut self, op: String, start: u16, n: u16) -> Result<Vec<u16>, CduError> {
+        match self
+            .exchange(op.clone(), Request::ReadHoldingRegisters(start, n))
+            .await?
+        {
+            Response::ReadHoldingRegisters(held) if held.len() == usize::from(n) => Ok(held),
+            Response::ReadHoldingRegisters(held) => {
+                let detail = format!("{} registers for {n} asked", held.len());
+                Err(self.bad_answer(op, detail))
+            }
+            other => Err(self.bad_answer(op, format!("{other:?}"))),
+        }
+    }
+
+    /// The bad answer of a write of `value` as `words` to `r`
+    /// (`write_op`) whose registers (`at`) read back `held`.
+    fn held_other(
+        &mut self,
+        r: &Register,
+        value: f64,
+        words: &[u16],
+        held: &[u16],
+        at: &str,
+        write_op: String,
+    ) -> CduError {
+        let held_value = r.decode(self.map.word_order, held);
         let detail = format!(
             "the CDU echoed the write, but {at} reads back {}, not the {} written: \
              it clamped the value or did not take it",
-            written(held_value, &r.unit, &held),
+            written(held_value, &r.unit, held),
             written(value, &r.unit, words)
         );
-        Err(self.bad_answer(write_op, detail))
+        self.bad_answer(write_op, detail)
+    }
+
+    /// The one-word settings of `writes` to read back, by address.
+    fn one_word(&self, writes: &[Write]) -> Vec<OneWord> {
+        let mut out: Vec<OneWord> = writes
+            .iter()
+            .filter(|w| w.setting != Setting::Heartbeat)
+            .filter_map(|w| {
+                let name = w.setting.register();
+                let r = self.map.get(name).filter(|r| r.kind == Kind::Holding)?;
+                match self.map.encode(name, w.value).ok()?.as_slice() {
+                    [word] => Some(OneWord {
+                        setting: w.setting,
+                        register: r.clone(),
+                        value: w.value,
+                        word: *word,
+                    }),
+                    _ => None,
+                }
+            })
+            .collect();
+        out.sort_by_key(|o| o.register.address);
+        out.dedup_by_key(|o| o.register.address);
+        out
+    }
+
+    /// Reads back the one-word settings of `writes`, one request per run
+    /// of contiguous holding registers (at most 125 each): each setting
+    /// that holds another value, or whose run could not be read, with
+    /// why.
+    pub(super) async fn read_back_settings(
+        &mut self,
+        writes: &[Write],
+    ) -> Vec<(Vec<Setting>, CduError)> {
+        let mut failed = Vec::new();
+        let settings = self.one_word(writes);
+        let mut rest = settings.as_slice();
+        while let [first, ..] = rest {
+            let n = rest
+                .iter()
+                .enumerate()
+                .take_while(|(i, o)| {
+                    *i < 125
+                        && u32::from(o.register.address)
+                            == u32::from(first.register.address) + *i as u32
+                })
+                .count();
+            let (run, after) = rest.split_at(n);
+            rest = after;
+            self.read_back_run(run, &mut failed).await;
+        }
+        failed
+    }
+
+    /// Reads back `run` (contiguous registers) in one request, pushing
+    /// each failure onto `failed`.
+    async fn read_back_run(&mut self, run: &[OneWord], failed: &mut Vec<(Vec<Setting>, CduError)>) {
+        let (first, last) = (&run[0], &run[run.len() - 1]);
+        let names = if run.len() == 1 {
+            first.register.name.clone()
+        } else {
+            format!("{} to {}", first.register.name, last.register.name)
+        };
+        let at = first.register.address;
+        let op = self.op(format_args!(
+            "read back holding {at}-{} ({names})",
+            last.register.address
+        ));
+        let held = match self.read_holding(op, at, run.len() as u16).await {
+            Ok(held) => held,
+            Err(e) => return failed.push((run.iter().map(|o| o.setting).collect(), e)),
+        };
+        for (o, h) in run.iter().zip(held) {
+            if h == o.word {
+                continue;
+            }
+            let r = &o.register;
+            let write_op = format!(
+                "{}, {}",
+                self.op(format_args!("write {} at holding {}", r.name, r.address)),
+                written(o.value, &r.unit, &[o.word])
+            );
+            let here = format!("holding {}", r.address);
+            let e = self.held_other(r, o.value, &[o.word], &[h], &here, write_op);
+            failed.push((vec![o.setting], e));
+        }
     }
 }

@@ -165,8 +165,11 @@ impl<P: CduPort> Devices<P> {
     /// failed), the rest are not tried this step: each would wait out its
     /// own timeout, and a step of such waits outlasts its period. Every
     /// write is tried after a read the CDU did not answer: a leak's valve
-    /// close goes out on the step that latches it. The first failure is
-    /// counted, and logged whole once per change of its text.
+    /// close goes out on the step that latches it. After the writes (unless
+    /// one went unanswered), what went in is read back, one request per
+    /// run of registers ([`CduPort::read_back`]): a setting the CDU does
+    /// not hold counts as not taken. The first failure is counted, and
+    /// logged whole once per change of its text.
     pub(super) async fn write(&mut self, plan: &Plan, stats: &mut ShellStats) -> Outcome {
         let mut outcome = Outcome::default();
         let mut first: Option<String> = None;
@@ -181,8 +184,36 @@ impl<P: CduPort> Devices<P> {
             }
             outcome.record(w.setting, r);
         }
+        if held.is_none() {
+            self.read_back(plan, &mut outcome, &mut first).await;
+        }
         self.judge_writes(first, stats);
         outcome
+    }
+
+    /// The step's read-back of the writes that went in
+    /// ([`CduPort::read_back`]): a setting the CDU does not hold, or
+    /// whose read-back failed, is recorded as not taken.
+    async fn read_back(&mut self, plan: &Plan, outcome: &mut Outcome, first: &mut Option<String>) {
+        let went_in = |w: &&Write| {
+            outcome
+                .tried
+                .iter()
+                .any(|(s, r)| *s == w.setting && r.is_ok())
+        };
+        let went_in: Vec<Write> = plan.writes.iter().filter(went_in).copied().collect();
+        if went_in.is_empty() {
+            return;
+        }
+        for (settings, e) in self.cdu.read_back(&went_in).await {
+            let why = e.to_string();
+            for s in settings {
+                first.get_or_insert_with(|| format!("{}: {why}", s.register()));
+                if let Some(tried) = outcome.tried.iter_mut().find(|(t, _)| *t == s) {
+                    tried.1 = Err(crate::decide::said::words(&why));
+                }
+            }
+        }
     }
 
     /// Writes `w`, unless the writes are `held` (why); a write the CDU
@@ -406,6 +437,57 @@ mod tests {
         assert!(run(d.read_cdu(&mut stats)).is_some());
         assert_eq!((stats.cdu_reads, stats.cdu_read_errors), (2, 1));
         assert!(d.read_gap.0.is_none());
+    }
+
+    /// A CDU that echoes every write and holds 40 °C for any setpoint.
+    struct Clamps;
+
+    impl CduPort for Clamps {
+        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
+            Ok(CduMeasurements::default())
+        }
+        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
+            Ok(())
+        }
+        async fn read_back(
+            &mut self,
+            written: &[Write],
+        ) -> Vec<(Vec<Setting>, crate::modbus::CduError)> {
+            let setpoint = written.iter().find(|w| w.setting == Setting::Setpoint);
+            setpoint
+                .filter(|w| w.value != 40.0)
+                .map(|_| {
+                    let e = crate::modbus::CduError::BadAnswer {
+                        op: "write supply_setpoint at holding 0".into(),
+                        detail: "holding 0 reads back value 40 °C".into(),
+                    };
+                    (vec![Setting::Setpoint], e)
+                })
+                .into_iter()
+                .collect()
+        }
+        fn limits(&self) -> MapLimits {
+            Silent::default().limits()
+        }
+        fn pump_fault_bits(&self) -> [bool; 2] {
+            [true; 2]
+        }
+    }
+
+    #[test]
+    fn a_setting_the_cdu_does_not_hold_after_its_echo_is_not_taken() {
+        let mut d = Devices::new(Clamps, None);
+        let mut stats = ShellStats::default();
+        let o = run(d.write(&every_setting(), &mut stats));
+        assert_eq!(failed_with(&o, "reads back value 40"), [Setting::Setpoint]);
+        let taken = o.taken();
+        assert!(!taken.setpoint && taken.speed && taken.valves && taken.pumps);
+        assert_eq!(stats.cdu_write_errors, 1);
+        assert!(d
+            .write_error
+            .0
+            .as_ref()
+            .is_some_and(|e| e.starts_with("supply_setpoint: ")));
     }
 
     #[test]
