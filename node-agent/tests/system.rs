@@ -110,10 +110,12 @@ fn leases_are_applied_acknowledged_refused_and_lifted() {
         AckCode::Malformed
     );
 
-    // Stamped 2 minutes behind: past the 60 s the clocks may be apart.
-    let mut expired = lease(103, 4, &[(gpu(0), 300)], 1_000);
-    expired.time = TimestampMs(now().0 - 120_000);
-    assert_eq!(rig.ack(&mut sub, &expired).code, AckCode::Expired);
+    // Stamped 2 minutes behind, before this agent started (its state in
+    // memory: no floor of cdu-a kept): a replay, though above the floor of
+    // what it took since.
+    let mut behind = lease(103, 4, &[(gpu(0), 300)], 60_000);
+    behind.time = TimestampMs(now().0 - 120_000);
+    assert_eq!(rig.ack(&mut sub, &behind).code, AckCode::Replayed);
 
     let mut forged = lease(104, 7, &[(gpu(0), 300)], 4_000);
     forged
@@ -552,4 +554,35 @@ fn a_cdu_lease_held_over_a_stop_and_a_restart_keeps_the_gpus_capped_the_whole_ti
     std::thread::sleep(Duration::from_millis(1_000));
     assert_eq!(console_limits(&second), [200, 200]);
     assert_eq!(watch.highest(), 200, "capped the whole time");
+}
+
+#[test]
+fn a_command_sent_again_after_a_restart_that_kept_no_floor_is_a_replay() {
+    let Some(rig) = Rig::start("h12") else {
+        return;
+    };
+    let mut sub = rig.subscribe(&["ack"]);
+    // State in memory only: no replay floor survives the restart.
+    let mut agent = rig.spawn();
+    let taken = lease(10, 1, &[(gpu(0), 400)], 60_000);
+    assert_eq!(rig.ack(&mut sub, &taken).code, AckCode::Ok);
+    agent.crash();
+    let agent = rig.spawn();
+    // The same frame, captured and sent again while still fresh: signed
+    // before this start, so a replay; the GPU stays uncapped.
+    let again = rig.ack(&mut sub, &taken);
+    assert_eq!(again.code, AckCode::Replayed, "{}", again.detail.as_str());
+    assert!(
+        again
+            .detail
+            .as_str()
+            .contains("signed before this host's start"),
+        "{}",
+        again.detail.as_str()
+    );
+    assert_eq!(console_limits(&agent)[0], 700);
+    // Its sender's next command, stamped after the start, is taken.
+    let next = lease(11, 1, &[(gpu(0), 450)], 60_000);
+    assert_eq!(rig.ack(&mut sub, &next).code, AckCode::Ok);
+    assert_eq!(console_limits(&agent)[0], 450);
 }

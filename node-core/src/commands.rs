@@ -19,12 +19,13 @@
 //! - *replay*: a command frame at or below the floor of its sender's: its
 //!   sequence number not above the highest taken from it, and its stamp
 //!   not after the latest ([`ReplayFloor`]; an old command sent again, by
-//!   a fault or an attacker).
+//!   a fault or an attacker); from a sender with no floor kept over a
+//!   restart, one stamped before this host's start.
 //! - *copy*: the last command taken from a sender, delivered again (the
 //!   bus delivers at least once): answered as the command was, and
 //!   nothing done again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use loopwarden_protocol::auth::{May, Signer};
 use loopwarden_protocol::{
@@ -271,6 +272,13 @@ pub struct CommandCore {
     /// The floor of the commands taken from each sender: its highest seq
     /// and latest stamp ([`ReplayFloor`]; see [`CommandCore::replayed`]).
     floors: HashMap<NodeId, ReplayFloor>,
+    /// When this host started (wall clock), if it was said: the start
+    /// floor, what a sender with no floor kept signed before it is a
+    /// replay ([`CommandCore::set_started`]).
+    started: Option<TimestampMs>,
+    /// The senders whose floor was kept from before the start: the start
+    /// floor is not theirs.
+    kept: HashSet<NodeId>,
     /// The last command taken from each sender, and its answer, to answer
     /// a copy of it alike (not kept across a restart).
     answered: HashMap<NodeId, Answered>,
@@ -306,6 +314,8 @@ impl CommandCore {
             own,
             authority,
             floors: HashMap::new(),
+            started: None,
+            kept: HashSet::new(),
             answered: HashMap::new(),
             last_state: None,
             arbiter: CapArbiter::with_limits(ranges, limits),
@@ -323,6 +333,17 @@ impl CommandCore {
     /// when both clocks are one.
     pub fn set_wall_offset(&mut self, wall_minus_steady_ms: i64) {
         self.wall_offset = wall_minus_steady_ms;
+    }
+
+    /// Tells the core when this host started (wall clock): what a sender
+    /// with no floor kept from before ([`CommandCore::restore_replay_floor`])
+    /// signed before it is a replay (its state volatile, or its
+    /// floor's record unreadable: a command taken before the restart,
+    /// captured and sent again while fresh, is refused). Its commands
+    /// stamped at the start or after are taken by the floor they raise,
+    /// as any.
+    pub fn set_started(&mut self, started: TimestampMs) {
+        self.started = Some(started);
     }
 
     /// Wall-clock stamp `t` in steady time.

@@ -156,7 +156,8 @@ pub struct Setup {
     pub cooling_grace_ms: u64,
     /// The CDU's state this host listens to.
     pub coolant: Option<CoolantSource>,
-    /// When the agent started (wall clock).
+    /// When the agent started (wall clock): also the replay floor of a
+    /// signer with none kept ([`CommandCore::set_started`]).
     pub started: TimestampMs,
 }
 
@@ -434,6 +435,7 @@ impl Node {
             .collect();
         let mut commands =
             CommandCore::with_limits(setup.own_cmd, ranges, setup.authority, setup.lease_limits);
+        commands.set_started(setup.started);
         for (i, g) in setup.gpus.iter().enumerate() {
             commands.set_highest(gpu_index(i as u8), g.range.max);
         }

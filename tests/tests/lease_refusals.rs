@@ -170,7 +170,9 @@ async fn h01_refuses_forged_foreign_replayed_expired_and_too_long_leases() {
     let minute: u32 = 60_000;
 
     // h01's own controller, fresh and within the cap: taken. The agent
-    // may still be connecting: the first attempt is repeated (new seq).
+    // may still be connecting, or have started after the stamp (with no
+    // floor kept, what was signed before its start is a replay): the
+    // first attempt is repeated (new seq).
     let mut taken = None;
     for seq in 10..20 {
         let f = signed(
@@ -179,9 +181,13 @@ async fn h01_refuses_forged_foreign_replayed_expired_and_too_long_leases() {
             &cdu1.key,
         );
         let sent = tokio::time::timeout(Duration::from_secs(3), attempt(&b, &mut acks, &f));
-        if let Ok(a) = sent.await {
-            taken = Some((f, a));
-            break;
+        match sent.await {
+            Ok(a) if a.code == AckCode::Replayed => {}
+            Ok(a) => {
+                taken = Some((f, a));
+                break;
+            }
+            Err(_) => {}
         }
     }
     let (good, ack) = taken.expect("h01 answers its controller");
@@ -235,7 +241,11 @@ async fn h01_refuses_forged_foreign_replayed_expired_and_too_long_leases() {
         // Not refused: taken for the host's longest, and said.
         (
             "longer than the host's 10-minute cap",
-            signed(lease(cdu1.node.clone(), 32, now, 11 * minute), 1, &cdu1.key),
+            signed(
+                lease(cdu1.node.clone(), 32, now_ms(), 11 * minute),
+                1,
+                &cdu1.key,
+            ),
             AckCode::Clamped,
         ),
     ];

@@ -403,8 +403,8 @@ async fn floor_of(sender: &NodeId, store: &mut ConfigStore<Flash>) -> Option<Rea
             Ok(_) => return None, // another signer's, under the same key
             Err(e) => {
                 tracing::warn!(
-                    "replay floor of {who}: unreadable in flash ({e}); its commands are \
-                     checked against their time only until it sends one"
+                    "replay floor of {who}: unreadable in flash ({e}); its commands \
+                     stamped before this start are replays"
                 );
                 return None;
             }
@@ -417,8 +417,8 @@ async fn floor_of(sender: &NodeId, store: &mut ConfigStore<Flash>) -> Option<Rea
     let copy = copy.as_deref().and_then(Kept::of_copy);
     let Some(floor) = [value, copy].into_iter().flatten().reduce(higher) else {
         tracing::error!(
-            "replay floor of {who}: {why}, and no floor readable; its commands are checked \
-             against their time only until it sends one"
+            "replay floor of {who}: {why}, and no floor readable; its commands stamped at \
+             or before this start are replays"
         );
         return None;
     };

@@ -23,6 +23,10 @@
 //!   [`NO_STAMP`], none known, and every command at or below its seq is a
 //!   replay whatever its stamp (the earlier rule), until a fresh command
 //!   above its seq is taken, whose stamp it takes from then on.
+//! - *start floor*: this host's start ([`CommandCore::set_started`]), the
+//!   floor of a sender with none kept from before it (state volatile, a
+//!   record unreadable): every command it stamped before the start is
+//!   a replay, whatever its seq, for as long as the host runs.
 
 use loopwarden_protocol::{AckCode, Frame, NodeId, ReplayFloor, TimestampMs};
 
@@ -50,12 +54,27 @@ fn lift(floor: &mut ReplayFloor, seq: u32, time: Option<TimestampMs>) {
     }
 }
 
+/// `frame`, received at `now`, refused as a replay (`below`: of which
+/// floor). Stale as well, its sender's clock is the likelier cause (a
+/// laptop set by hand, a VM resumed), said first.
+fn replay(now: TimestampMs, frame: &Frame, below: String) -> Verdict {
+    match stale(now, frame) {
+        Some(mut v) => {
+            v.detail = format!("{}; and its {below}", v.detail);
+            v
+        }
+        None => Verdict::refuse(AckCode::Replayed, below),
+    }
+}
+
 impl CommandCore {
     /// The refusal of `frame` received at `now` as a replay, if it is one:
-    /// at or below its sender's floor on both its seq and its stamp.
-    /// Stale as well, its sender's clock is the likelier cause (a laptop
-    /// set by hand, a VM resumed), said first.
+    /// at or below its sender's floor on both its seq and its stamp, or,
+    /// from a sender with none, stamped before this host's start.
     pub(super) fn replayed(&self, now: TimestampMs, frame: &Frame) -> Option<Verdict> {
+        if let Some(refused) = self.before_start(now, frame) {
+            return Some(refused);
+        }
         let floor = self.floors.get(&frame.sender)?;
         if !floor.replays(frame.seq, frame.time) {
             return None;
@@ -77,13 +96,25 @@ impl CommandCore {
                 frame.sender.id.as_str()
             )
         };
-        Some(match stale(now, frame) {
-            Some(mut v) => {
-                v.detail = format!("{}; and its {below}", v.detail);
-                v
-            }
-            None => Verdict::refuse(AckCode::Replayed, below),
-        })
+        Some(replay(now, frame, below))
+    }
+
+    /// The refusal of `frame`, from a sender with no floor kept from
+    /// before this host's start, as signed before the start: the
+    /// start floor. It holds whatever that sender's floor since: a sender
+    /// that lost its counter numbers its first command after the start
+    /// below those captured before it.
+    fn before_start(&self, now: TimestampMs, frame: &Frame) -> Option<Verdict> {
+        if self.kept.contains(&frame.sender) {
+            return None;
+        }
+        let started = self.started.filter(|s| frame.time < *s)?;
+        // Said first: an ack's detail holds 96 bytes.
+        let below = format!(
+            "signed before this host's start (no floor kept): stamp {}, start {}",
+            frame.time.0, started.0
+        );
+        Some(replay(now, frame, below))
     }
 
     /// A command numbered `seq` and stamped `time` was taken from
@@ -103,12 +134,15 @@ impl CommandCore {
 
     /// Takes back a floor kept before a restart
     /// ([`CommandCore::replay_floor`]): commands from `sender` at or below
-    /// it are replays. One already taken rises to it. A floor kept
+    /// it are replays, and the start floor is not its
+    /// ([`CommandCore::set_started`]). One already taken rises to it. A
+    /// floor kept
     /// seq-only ([`NO_STAMP`]) is taken back so.
     pub fn restore_replay_floor(&mut self, sender: &NodeId, floor: ReplayFloor) {
         if floor.time == NO_STAMP {
             self.restore_seq_floor(sender, floor.seq);
         } else {
+            self.kept.insert(sender.clone());
             self.raise_floor(sender, floor.seq, Some(floor.time));
         }
     }
@@ -120,6 +154,7 @@ impl CommandCore {
     /// that lost its counter is taken by its stamp. A floor already taken
     /// back with a stamp and a seq at or above `seq` holds as it is.
     pub fn restore_seq_floor(&mut self, sender: &NodeId, seq: u32) {
+        self.kept.insert(sender.clone());
         let floor = self
             .floors
             .entry(sender.clone())
@@ -294,6 +329,58 @@ mod tests {
             c.replay_floor(&sender),
             Some(ReplayFloor::new(1_001, NO_STAMP))
         );
+    }
+
+    /// A host started at `t` with no floor kept for a sender (its state
+    /// volatile, or the floor's record unreadable): what that sender
+    /// signed before the start (a release taken before the restart,
+    /// captured and sent again while still fresh) is a replay; neither a
+    /// stale command, nor one taken back from the log, nor one taken
+    /// after the start numbered below it lowers that floor. A floor kept
+    /// is gone by alone.
+    #[test]
+    fn a_sender_with_no_floor_kept_is_floored_at_the_hosts_start() {
+        let t = 1_800_000_000_000;
+        let all = [(GpuSelector::All, 400)];
+        let mut c = core();
+        c.set_started(TimestampMs(t));
+        let before = lease_frame(7, t - 60_000, &all, 600_000);
+        let v = c.command(TimestampMs(t + 1_000), &before);
+        assert_eq!(v.code, AckCode::Replayed, "{}", v.detail);
+        assert_eq!(
+            v.detail,
+            format!(
+                "signed before this host's start (no floor kept): stamp {}, start {t}",
+                t - 60_000
+            )
+        );
+        let just_before = lease_frame(8, t - 1, &all, 30_000);
+        let v = c.command(TimestampMs(t), &just_before);
+        assert_eq!(v.code, AckCode::Replayed, "{}", v.detail);
+        assert!(c.restore(TimestampMs(t), TimestampMs(t - 60_000), &before));
+        let ahead = lease_frame(9, u64::MAX, &all, 30_000);
+        assert_eq!(c.command(TimestampMs(t), &ahead).code, AckCode::Expired);
+        let between = lease_frame(8, t - 30_000, &all, 30_000);
+        let v = c.command(TimestampMs(t + 1_000), &between);
+        assert_eq!(v.code, AckCode::Replayed, "{}", v.detail);
+        let after = lease_frame(3, t, &all, 30_000);
+        let v = c.command(TimestampMs(t + 2_000), &after);
+        assert_eq!(v.code, AckCode::Ok, "{}", v.detail);
+        assert_eq!(
+            c.replay_floor(&after.sender),
+            Some(ReplayFloor::new(9, TimestampMs(t)))
+        );
+        assert_eq!(
+            c.command(TimestampMs(t + 2_000), &before).code,
+            AckCode::Replayed
+        );
+        // A floor kept: a command above it, signed before the start and
+        // not taken yet (sent again from its sender's outbox), is taken.
+        let mut kept = core();
+        kept.set_started(TimestampMs(t));
+        kept.restore_replay_floor(&before.sender, ReplayFloor::new(6, TimestampMs(t - 90_000)));
+        let v = kept.command(TimestampMs(t + 1_000), &before);
+        assert_eq!(v.code, AckCode::Ok, "{}", v.detail);
     }
 
     /// An operator's lease `id`, numbered `seq`.
