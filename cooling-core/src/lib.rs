@@ -398,6 +398,14 @@ impl Core {
         self.modes.get()
     }
 
+    /// The supply setpoint (°C) and the pump speed (a share of full speed)
+    /// the core takes the CDU to run at: the last of each the CDU took, as
+    /// its step heard it (a step judges the writes of the step before);
+    /// before one went in, the boot setpoint and full speed.
+    pub fn applied(&self) -> (f32, f32) {
+        self.applied
+    }
+
     /// The fault a sensor stands under.
     pub fn sensor_fault(&self, w: Which) -> Option<SensorFault> {
         self.sensors.fault(w)

@@ -616,7 +616,10 @@ mod tests {
         cmds.valves_open = 0b1011;
         let settings = NorthboundSettings::default();
         let snap = |r: Option<&CduMeasurements>, valves| {
-            let took = CduTook { valves, all: true };
+            let took = CduTook {
+                valves,
+                ..CduTook::ALL
+            };
             snapshot_from(&core, &cmds, 1_000, r, took, &[], &settings).valves_open
         };
         // The positions read every valve open: rack 2's close did not go in.

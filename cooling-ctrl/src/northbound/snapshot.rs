@@ -50,7 +50,8 @@ pub struct NorthboundSnapshot {
     pub seconds_in_mode: u32,
     /// Seconds since the shell started, at this step (the heartbeat).
     pub uptime_s: u32,
-    /// Supply setpoint in force, °C (not a number: none yet, the
+    /// Supply setpoint in force, °C: the last the CDU took, never one it
+    /// refused or did not answer (not a number: none taken yet, the
     /// register reads its sentinel).
     pub setpoint_c: f32,
     /// Secondary supply temperature, °C.
@@ -439,20 +440,24 @@ pub fn valves_shown(held: Option<u16>, racks: u8) -> u16 {
 }
 
 /// What the CDU took of a step's writes, as the decision path holds it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CduTook {
     /// The valves the CDU last took (`None` before a valve write of this
     /// run went in).
     pub valves: Option<u16>,
     /// Every write of the step went in (or there was none to fail).
     pub all: bool,
+    /// The supply setpoint the CDU last took, as written, °C (`None`
+    /// before a setpoint write of this run went in): the one in force.
+    pub setpoint_c: Option<f32>,
 }
 
 impl CduTook {
-    /// Every write went in, no valve write yet.
+    /// Every write went in, no valve or setpoint write yet.
     pub const ALL: CduTook = CduTook {
         valves: None,
         all: true,
+        setpoint_c: None,
     };
 }
 
@@ -465,8 +470,9 @@ impl CduTook {
 /// it, it is not a number, or the core holds the sensor lost (as in the
 /// shell's telemetry). The hottest GPU counts reports younger than the
 /// core's host timeout. `took`: what the CDU took of the step's writes
-/// ([`CduTook`]), for the valves it has ([`valves_shown`]) and whether it
-/// refuses writes (it answered, and a write did not go in).
+/// ([`CduTook`]), for the valves it has ([`valves_shown`]), the setpoint
+/// in force (the last it took, not `cmds`'s) and whether it refuses
+/// writes (it answered, and a write did not go in).
 pub fn snapshot_from(
     core: &Core,
     cmds: &Commands,
@@ -495,7 +501,7 @@ pub fn snapshot_from(
         reason: cmds.reason,
         seconds_in_mode: secs(now_ms.saturating_sub(since_ms)),
         uptime_s: secs(now_ms),
-        setpoint_c: cmds.setpoint_c,
+        setpoint_c: took.setpoint_c.unwrap_or(f32::NAN),
         supply_c,
         return_c,
         flow_lpm,

@@ -27,9 +27,14 @@ pub struct StepFacts<'a> {
     pub reason: ReasonCode,
     /// Since when (Unix ms).
     pub since: TimestampMs,
-    /// Supply setpoint commanded, °C.
+    /// Supply setpoint in force, °C: the shell's, the last the CDU took,
+    /// as written (one it refused or did not answer is not in force), and
+    /// before one of its run went in, the one its core takes the CDU to
+    /// run at (the boot setpoint); the gateway's, as the microcontroller's
+    /// status gives it.
     pub setpoint_c: f32,
-    /// Pump speed commanded, a share of full speed from 0 to 1.
+    /// Pump speed commanded, a share of full speed from 0 to 1 (the
+    /// pumps' `command`).
     pub pump_speed: f32,
     /// Pumps A and B commanded on.
     pub pump_on: [bool; 2],
@@ -453,7 +458,7 @@ impl<P: CduPort> Shell<P> {
             mode: c.mode,
             reason: c.reason,
             since: self.unix(since),
-            setpoint_c: c.setpoint_c,
+            setpoint_c: self.setpoint_in_force(),
             pump_speed: c.pump_speed,
             pump_on: c.pump_on,
             valves_open: valves_written(&self.decider, self.cfg.core.layout.racks),
@@ -464,6 +469,14 @@ impl<P: CduPort> Shell<P> {
             sensor_faults: Which::ALL.map(|w| core.sensor_fault(w)),
             outdoor_c: self.bms.outdoor_c.map(|(a, _)| a),
         }
+    }
+
+    /// The supply setpoint in force, °C: the last the CDU took this run,
+    /// as written (held to its map's range); before one went in, the one
+    /// the core takes it to run at (its boot setpoint).
+    pub(super) fn setpoint_in_force(&self) -> f32 {
+        let assumed = self.decider.core().applied().0;
+        self.stats.setpoint_written_c.map_or(assumed, |v| v as f32)
     }
 
     pub(super) fn publish_telemetry(
