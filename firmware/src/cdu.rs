@@ -111,6 +111,15 @@ impl InputValues {
     /// them.
     pub fn measurements(&self) -> CduMeasurements {
         let on = |v: Option<f64>| v.map(|v| v != 0.0);
+        // A running flag says running only as 1 and stopped only as 0:
+        // any other value (a "not available" 0xFFFF, a status word's 2
+        // for a fault) reads no value, which the decision path takes as
+        // not running.
+        let running = |v: Option<f64>| match v {
+            Some(0.0) => Some(false),
+            Some(1.0) => Some(true),
+            _ => None,
+        };
         let bits = |v: Option<f64>| v.map(|v| v as u16);
         CduMeasurements {
             supply_c: self.get(map::SUPPLY_TEMP),
@@ -118,8 +127,8 @@ impl InputValues {
             flow_lpm: self.get(map::FLOW),
             facility_supply_c: self.get(map::FACILITY_SUPPLY_TEMP),
             pumps_running: [
-                on(self.get(map::PUMP_A_RUNNING)),
-                on(self.get(map::PUMP_B_RUNNING)),
+                running(self.get(map::PUMP_A_RUNNING)),
+                running(self.get(map::PUMP_B_RUNNING)),
             ],
             leaks: bits(self.get(map::LEAK_INPUTS)),
             diff_pressure_kpa: self.maybe(map::DIFF_PRESSURE),
@@ -236,6 +245,16 @@ mod tests {
         assert_eq!((m.supply_c, m.flow_lpm, m.it_w), (None, None, None));
         assert_eq!(m.return_c, Some(38.5));
         assert_eq!((m.leaks, m.valves_closed), (Some(0xFFFF), Some(0xFFFF)));
+    }
+
+    #[test]
+    fn a_pump_running_flag_other_than_0_or_1_reads_no_value() {
+        let mut v = InputValues::default();
+        // Pump A's flag 0xFFFF ("not available"), pump B's 2 (a fault).
+        v.take(&map::SPANS[0], &[3012, 3850, 1923, 2700, 0xFFFF, 2, 0]);
+        assert_eq!(v.measurements().pumps_running, [None, None]);
+        v.take(&map::SPANS[0], &[3012, 3850, 1923, 2700, 1, 0, 0]);
+        assert_eq!(v.measurements().pumps_running, [Some(true), Some(false)]);
     }
 
     #[test]
