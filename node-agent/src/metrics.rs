@@ -327,13 +327,12 @@ fn gpu(out: &mut Exposition, host: &str, i: usize, g: &GpuView) {
     out.sample(&MISSED, &labels, g.missed.into());
     // The last and the longest only once a sample call ended: before,
     // they are not known (never a 0 that reads as the fastest GPU).
-    let ended = g.calls.ended > 0;
-    for (stat, us, known) in [
-        ("last", g.calls.last_us, ended),
-        ("max", g.calls.max_us, ended),
-        ("running", g.calls.running_us, true),
+    for (stat, us) in [
+        ("last", g.calls.known_last_us()),
+        ("max", g.calls.known_max_us()),
+        ("running", Some(g.calls.running_us)),
     ] {
-        if known {
+        if let Some(us) = us {
             let l = with_labels(&labels, &[("stat", stat)]);
             out.sample(&CALL, &l, us as f64 / 1e6);
         }

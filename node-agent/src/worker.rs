@@ -129,12 +129,28 @@ pub struct CallTimes {
     /// Samples that answered after their deadline.
     pub late: u64,
     /// Sample calls that ended since the start (in time or late): none,
-    /// and `last_us` and `max_us` are not known.
+    /// and `last_us` and `max_us` are not known (read them through
+    /// [`CallTimes::known_last_us`] and [`CallTimes::known_max_us`]).
     pub ended: u64,
     /// How long the call in flight (a sample, a limit call, a reprobe) has
     /// run so far, µs; 0 when the GPU is idle. A call that hangs shows
     /// here long before it ends (`last_us` is only known at its end).
     pub running_us: u64,
+}
+
+impl CallTimes {
+    /// The last sample call, µs, once a sample call ended; `None` before:
+    /// not known, never a 0 that reads as the fastest. The one rule for
+    /// every reader (`ctl status`, `/metrics`).
+    pub fn known_last_us(&self) -> Option<u64> {
+        (self.ended > 0).then_some(self.last_us)
+    }
+
+    /// The longest sample call since the start, µs, once a sample call
+    /// ended; `None` before, as [`CallTimes::known_last_us`].
+    pub fn known_max_us(&self) -> Option<u64> {
+        (self.ended > 0).then_some(self.max_us)
+    }
 }
 
 /// The call in progress.
@@ -627,6 +643,29 @@ fn deliver(s: &mut Shared, to: oneshot::Sender<Reply>, reply: Reply, took_us: u6
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The last and the longest sample call are known only once one ended:
+    /// before, none (never a 0 that reads as the fastest GPU); the call in
+    /// flight does not make them known.
+    #[test]
+    fn call_times_are_known_only_once_a_sample_call_ended() {
+        let mut c = CallTimes {
+            running_us: 5_000,
+            ..CallTimes::default()
+        };
+        assert_eq!((c.known_last_us(), c.known_max_us()), (None, None));
+        c.last_us = 0;
+        c.max_us = 0;
+        c.ended = 1;
+        assert_eq!((c.known_last_us(), c.known_max_us()), (Some(0), Some(0)));
+        c.last_us = 400;
+        c.max_us = 900;
+        c.ended = 7;
+        assert_eq!(
+            (c.known_last_us(), c.known_max_us()),
+            (Some(400), Some(900))
+        );
+    }
 
     /// A device that answers from memory, each call taking `delay`.
     struct Slow {

@@ -159,12 +159,13 @@ fn sample_calls_view(snap: &Snapshot) -> Value {
     let ms = |us: u64| us as f64 / 1000.0;
     let deadline_us = snap.deadline.as_micros() as u64;
     let never: Vec<usize> = (snap.gpus.iter().enumerate())
-        .filter(|(_, g)| g.calls.ended == 0)
+        .filter(|(_, g)| g.calls.known_last_us().is_none())
         .map(|(i, _)| i)
         .collect();
-    let slowest = |us: fn(&crate::worker::CallTimes) -> u64| {
-        let all_known = never.is_empty() && !snap.gpus.is_empty();
-        all_known.then(|| ms(snap.gpus.iter().map(|g| us(&g.calls)).max().unwrap_or(0)))
+    // Known only when every GPU's is (and there is a GPU).
+    let slowest = |us: fn(&crate::worker::CallTimes) -> Option<u64>| {
+        let all: Option<Vec<u64>> = snap.gpus.iter().map(|g| us(&g.calls)).collect();
+        all.and_then(|all| all.into_iter().max()).map(ms)
     };
     let stuck: Vec<Value> = snap
         .gpus
@@ -174,8 +175,8 @@ fn sample_calls_view(snap: &Snapshot) -> Value {
         .map(|(i, g)| json!({ "gpu": i, "running_ms": ms(g.calls.running_us) }))
         .collect();
     json!({
-        "slowest_last_ms": slowest(|c| c.last_us),
-        "longest_ms": slowest(|c| c.max_us),
+        "slowest_last_ms": slowest(|c| c.known_last_us()),
+        "longest_ms": slowest(|c| c.known_max_us()),
         "never_answered": never,
         "late": snap.gpus.iter().map(|g| g.calls.late).sum::<u64>(),
         "running_ms": ms(snap.gpus.iter().map(|g| g.calls.running_us).max().unwrap_or(0)),
@@ -296,10 +297,10 @@ fn gpus_view(snap: &Snapshot, now: TimestampMs) -> Vec<Value> {
 /// call ended (never a 0 that reads as the fastest), the call in flight
 /// null when idle, and whether it has run past the deadline.
 fn call_ms(c: &crate::worker::CallTimes, deadline: Duration) -> Value {
-    let ended = |us: u64| (c.ended > 0).then_some(us as f64 / 1000.0);
+    let ms = |us: u64| us as f64 / 1000.0;
     json!({
-        "last": ended(c.last_us),
-        "max": ended(c.max_us),
+        "last": c.known_last_us().map(ms),
+        "max": c.known_max_us().map(ms),
         "running": (c.running_us > 0).then_some(c.running_us as f64 / 1000.0),
         "stuck": c.running_us > deadline.as_micros() as u64,
     })
