@@ -10,8 +10,12 @@ use loopwarden_protocol::{ClockSource, Ident, NodeId, MAX_FRAME_LEN};
 
 use crate::backoff::Backoff;
 
-/// The MQTT port when none is given.
+/// The MQTT port when none is given, without TLS.
 pub const DEFAULT_PORT: u16 = 1883;
+
+/// The MQTT port when none is given, with TLS (IANA's `secure-mqtt`):
+/// see [`Brokers::with_tls`].
+pub const DEFAULT_TLS_PORT: u16 = 8883;
 
 /// Bytes of JSON mirror a frame byte becomes at most: field names, digits
 /// and escapes; the samples of every message kind measure under 15.
@@ -66,68 +70,77 @@ pub struct BrokerAddrError {
 impl FromStr for BrokerAddr {
     type Err = BrokerAddrError;
 
+    /// A broker given without a port is on [`DEFAULT_PORT`] (a list
+    /// connected with TLS moves it to [`DEFAULT_TLS_PORT`]).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = |reason| BrokerAddrError {
-            input: s.to_string(),
-            reason,
-        };
-        let s = s.trim();
-        let s = s.strip_prefix("mqtt://").unwrap_or(s);
-        if s.contains("://") {
+        parse(s).map(|(addr, _)| addr)
+    }
+}
+
+/// A broker's address, and whether its port was given.
+fn parse(s: &str) -> Result<(BrokerAddr, bool), BrokerAddrError> {
+    let err = |reason| BrokerAddrError {
+        input: s.to_string(),
+        reason,
+    };
+    let s = s.trim();
+    let s = s.strip_prefix("mqtt://").unwrap_or(s);
+    if s.contains("://") {
+        return Err(err(
+            "a URL scheme other than mqtt:// is not taken: use host:port, and tls_ca for TLS",
+        ));
+    }
+    // An IPv6 address, with a zone after `%` (a link-local one's
+    // interface) taken as the system resolves it.
+    let ipv6 = |host: &str| {
+        let (addr, zone) = host.split_once('%').unwrap_or((host, "x"));
+        let interface = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+        !zone.is_empty()
+            && zone.chars().all(interface)
+            && addr.parse::<std::net::Ipv6Addr>().is_ok()
+    };
+    let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').ok_or(err("unclosed '['"))?;
+        if !ipv6(host) {
+            return Err(err("what '[' and ']' enclose is not an IPv6 address"));
+        }
+        match after.strip_prefix(':') {
+            Some(p) => (host, Some(p)),
+            None if after.is_empty() => (host, None),
+            None => return Err(err("expected ':<port>' after ']'")),
+        }
+    } else if s.matches(':').count() > 1 {
+        // A bare IPv6 address, and nothing else.
+        if !ipv6(s) {
             return Err(err(
-                "a URL scheme other than mqtt:// is not taken: use host:port, and tls_ca for TLS",
+                "more than one ':' and not an IPv6 address: write host:port, or \
+                     [IPv6 address]:port",
             ));
         }
-        // An IPv6 address, with a zone after `%` (a link-local one's
-        // interface) taken as the system resolves it.
-        let ipv6 = |host: &str| {
-            let (addr, zone) = host.split_once('%').unwrap_or((host, "x"));
-            let interface = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
-            !zone.is_empty()
-                && zone.chars().all(interface)
-                && addr.parse::<std::net::Ipv6Addr>().is_ok()
-        };
-        let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-            let (host, after) = rest.split_once(']').ok_or(err("unclosed '['"))?;
-            if !ipv6(host) {
-                return Err(err("what '[' and ']' enclose is not an IPv6 address"));
-            }
-            match after.strip_prefix(':') {
-                Some(p) => (host, Some(p)),
-                None if after.is_empty() => (host, None),
-                None => return Err(err("expected ':<port>' after ']'")),
-            }
-        } else if s.matches(':').count() > 1 {
-            // A bare IPv6 address, and nothing else.
-            if !ipv6(s) {
-                return Err(err(
-                    "more than one ':' and not an IPv6 address: write host:port, or \
-                     [IPv6 address]:port",
-                ));
-            }
-            (s, None)
-        } else {
-            match s.split_once(':') {
-                Some((h, p)) => (h, Some(p)),
-                None => (s, None),
-            }
-        };
-        if host.is_empty() {
-            return Err(err("empty host"));
+        (s, None)
+    } else {
+        match s.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (s, None),
         }
-        let port = match port {
-            Some(p) => p
-                .parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or(err("port is not a number from 1 to 65535"))?,
-            None => DEFAULT_PORT,
-        };
-        Ok(BrokerAddr {
-            host: host.to_string(),
-            port,
-        })
+    };
+    if host.is_empty() {
+        return Err(err("empty host"));
     }
+    let given = port.is_some();
+    let port = match port {
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or(err("port is not a number from 1 to 65535"))?,
+        None => DEFAULT_PORT,
+    };
+    let addr = BrokerAddr {
+        host: host.to_string(),
+        port,
+    };
+    Ok((addr, given))
 }
 
 /// The brokers an agent may use, in the order it tries them: one broker,
@@ -138,8 +151,10 @@ impl FromStr for BrokerAddr {
 /// Failover: the bus connects to the first that answers and, when a
 /// connection fails or is lost, tries the next ([`Brokers::after`]),
 /// round the list, each attempt after the reconnect backoff's wait.
+/// The second list says, of each broker, whether it was given without a
+/// port (and is on [`DEFAULT_PORT`] until [`Brokers::with_tls`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Brokers(Vec<BrokerAddr>);
+pub struct Brokers(Vec<BrokerAddr>, Vec<bool>);
 
 /// Why a list of broker addresses was refused: the entry, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -168,7 +183,21 @@ impl fmt::Display for BrokersError {
 impl Brokers {
     /// The list, or `None` when it is empty.
     pub fn new(list: Vec<BrokerAddr>) -> Option<Self> {
-        (!list.is_empty()).then_some(Brokers(list))
+        let given = vec![false; list.len()];
+        (!list.is_empty()).then_some(Brokers(list, given))
+    }
+
+    /// The list as it is reached with TLS (`tls`) or without: a broker
+    /// given without a port is on [`DEFAULT_TLS_PORT`] with TLS, on
+    /// [`DEFAULT_PORT`] without; a port given is kept either way. Without
+    /// this, TLS would be tried on the port brokers keep for plain MQTT,
+    /// and the agent would retry for ever, "broker unreachable".
+    pub fn with_tls(mut self, tls: bool) -> Self {
+        let port = if tls { DEFAULT_TLS_PORT } else { DEFAULT_PORT };
+        for (addr, _) in self.0.iter_mut().zip(&self.1).filter(|(_, d)| **d) {
+            addr.port = port;
+        }
+        self
     }
 
     /// How many there are (at least one).
@@ -218,7 +247,7 @@ impl Deref for Brokers {
 
 impl From<BrokerAddr> for Brokers {
     fn from(addr: BrokerAddr) -> Self {
-        Brokers(vec![addr])
+        Brokers(vec![addr], vec![false])
     }
 }
 
@@ -244,14 +273,16 @@ impl FromStr for Brokers {
         s.split(',')
             .enumerate()
             .map(|(i, entry)| {
-                entry.parse().map_err(|source| BrokersError {
-                    position: i + 1,
-                    count,
-                    source,
-                })
+                parse(entry)
+                    .map(|(addr, given)| (addr, !given))
+                    .map_err(|source| BrokersError {
+                        position: i + 1,
+                        count,
+                        source,
+                    })
             })
-            .collect::<Result<Vec<BrokerAddr>, _>>()
-            .map(Brokers)
+            .collect::<Result<(Vec<BrokerAddr>, Vec<bool>), _>>()
+            .map(|(list, defaulted)| Brokers(list, defaulted))
     }
 }
 
@@ -458,6 +489,17 @@ mod tests {
             "one address reads as before"
         );
         assert_eq!(Brokers::new(Vec::new()), None);
+    }
+
+    #[test]
+    fn a_broker_without_a_port_is_on_8883_with_tls_and_1883_without() {
+        let list: Brokers = "b.hall,n2:1883,[::1],n4:4001".parse().unwrap();
+        let tls = list.clone().with_tls(true);
+        assert_eq!(tls.to_string(), "b.hall:8883,n2:1883,[::1]:8883,n4:4001");
+        assert_eq!(tls.with_tls(false), list, "back to 1883");
+        assert_eq!(list.to_string(), "b.hall:1883,n2:1883,[::1]:1883,n4:4001");
+        let one = Brokers::from("b.hall:1883".parse::<BrokerAddr>().unwrap());
+        assert_eq!(one.with_tls(true).port, 1883, "a port given is kept");
     }
 
     #[test]

@@ -329,6 +329,9 @@ pub fn resolve(
         *file.embedded_broker,
         "embedded-broker"
     );
+    let tls = tls(src, file, flags)?;
+    // A broker given without a port: 8883 with TLS, 1883 without.
+    let broker = broker.map(|b| b.with_tls(tls.is_some()));
     Ok(Common {
         site,
         site_given,
@@ -336,7 +339,7 @@ pub fn resolve(
         embedded_broker: (embedded.0.unwrap_or(false), embedded.1),
         credentials,
         broker_user_flag,
-        tls: tls(src, file, flags)?,
+        tls,
         tls_ca_flag: pick!(flags.tls_ca, *file.tls_ca, "tls-ca").1,
         flash: pick!(flags.flash, *file.flash, "flash").0,
         console: pick!(flags.console, *file.console, "console")
@@ -823,6 +826,37 @@ mod tests {
         assert_eq!(e.line, Some(2), "{e}");
         assert!(e.message.contains("[fe80::1%eth0]:8883 has a zone"), "{e}");
         assert!(with("h1:8883,[fe80::1]:8883").is_ok());
+    }
+
+    /// A broker given without a port is on MQTT's TLS port (8883) with
+    /// `tls_ca`, 1883 without; a port given is kept either way.
+    #[test]
+    fn a_broker_without_a_port_is_on_8883_with_tls_and_1883_without() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("pki");
+        loopwarden_bus::pki::init(&loopwarden_bus::pki::InitArgs {
+            site: "a".into(),
+            hosts: vec!["h01".into()],
+            cdus: vec!["cdu1".into()],
+            operators: vec![],
+            readers: vec![],
+            out: out.clone(),
+            broker_port: 8883,
+        })
+        .unwrap();
+        let ca = format!("tls_ca = {:?}\n", out.join("ca.crt"));
+        let broker = |broker: &str, tls: &str| {
+            let text = format!("site = \"a\"\nbroker = \"{broker}\"\n{tls}");
+            let c = check(&text, &CommonFlags::default()).unwrap();
+            c.broker.unwrap().to_string()
+        };
+        assert_eq!(broker("b.hall", &ca), "b.hall:8883");
+        assert_eq!(broker("b.hall", ""), "b.hall:1883");
+        assert_eq!(
+            broker("b1,b2:1883,[::1]", &ca),
+            "b1:8883,b2:1883,[::1]:8883"
+        );
+        assert_eq!(broker("b.hall:1884", &ca), "b.hall:1884");
     }
 
     #[test]

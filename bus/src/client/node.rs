@@ -31,8 +31,10 @@ pub(super) struct Node {
 }
 
 impl Node {
-    /// The node of `config`, started now.
-    pub(super) fn new(config: BusConfig) -> Self {
+    /// The node of `config`, started now. A broker given without a port
+    /// is on 8883 with TLS, 1883 without ([`crate::Brokers::with_tls`]).
+    pub(super) fn new(mut config: BusConfig) -> Self {
+        config.broker = config.broker.with_tls(config.tls.is_some());
         Self {
             status: Arc::new(Status::new(config.first_seq)),
             started: now_ms(),
