@@ -289,6 +289,17 @@ fn by_name(pairs: &[(String, f64)]) -> Value {
     Value::Object(pairs.iter().map(|(k, v)| (k.clone(), json!(v))).collect())
 }
 
+/// The paired differences between policies: per key, the mean (a
+/// fraction), the 95 % interval's half-width (null with one trial) and
+/// the trials.
+fn differences_json(s: &Study) -> Value {
+    let m = s.differences.iter().map(|d| {
+        let v = json!({"mean": d.mean, "ci95_half_width": d.half_width, "trials": d.trials});
+        (d.key.to_string(), v)
+    });
+    Value::Object(m.collect())
+}
+
 /// The `--json` summary.
 pub fn summary_json(s: &Study) -> Value {
     let mo = &s.moonshot;
@@ -300,6 +311,7 @@ pub fn summary_json(s: &Study) -> Value {
         "interruptions_by_cause": per_policy(s, |p| by_name(&p.interruptions_by_class)),
         "lost_gpu_h_by_cause": per_policy(s, |p| by_name(&p.lost_by_cause)),
         "lost_gpu_h_by_part": per_policy(s, |p| serde_json::to_value(&p.lost).unwrap_or(Value::Null)),
+        "ett_differences": differences_json(s),
         "moonshot": {
             "gpus": mo.job.gpus,
             "target": study::TARGET,

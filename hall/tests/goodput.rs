@@ -16,6 +16,10 @@ fn goodput(out: &Path, extra: &[&str]) -> std::process::Output {
         .expect("the binary runs")
 }
 
+fn ett_of(v: &serde_json::Value, policy: &str) -> f64 {
+    v["ett"][policy].as_f64().unwrap()
+}
+
 fn svg_texts(path: &Path) -> Vec<String> {
     let svg = std::fs::read_to_string(path).unwrap();
     let doc = roxmltree::Document::parse(&svg)
@@ -93,6 +97,21 @@ fn goodput_prints_its_summary_and_writes_the_report_and_charts() {
     assert!(md.contains("| quarantine ends the job | no | `--quarantine-ends-job` |"));
     assert!(md.contains("keeps a healthy host out of the next restart under both agent policies"));
     assert!(md.contains("`--false-quarantines-per-gpu-day` |"));
+    // Differences between policies come with their interval.
+    let d = &v["ett_differences"]["agent_drain_minus_reactive"];
+    let mean = d["mean"].as_f64().unwrap();
+    let half = d["ci95_half_width"].as_f64().unwrap();
+    assert!(half > 0.0 && d["trials"] == 4, "{d}");
+    let drain_gain = ett_of(&v, "agent_drain") - ett_of(&v, "reactive");
+    assert!((mean - drain_gain).abs() < 1e-9, "{d}");
+    let row = format!(
+        "| agent + drain − reactive | {:+.3} | {:+.3} to {:+.3} (± {:.3}) | 4 |",
+        mean * 100.0,
+        (mean - half) * 100.0,
+        (mean + half) * 100.0,
+        half * 100.0
+    );
+    assert!(md.contains(&row), "report.md lacks {row}");
     // The drain policy is the site's to build, and the report says so.
     let drains = "Loopwarden does not drain: the agent only marks the GPU `degraded` on the bus \
                   (keep running, mark for maintenance), and its actions run on quarantine and \

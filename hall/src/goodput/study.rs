@@ -10,9 +10,13 @@
 //! - *moonshot*: a 16,384-GPU job at Llama 3's rate reaching ETT ≥ 99 %.
 //! - *ceiling*: the drain policy's best in the precursor sweep: nearly
 //!   every failure a host sees is drained before it strikes.
+//! - *paired difference*: one policy's ETT minus another's, trial by
+//!   trial over the same failures, with its mean and 95 % interval
+//!   (mean ± 1.96·SD/√n): how far a gain between policies can be trusted
+//!   at the run's number of trials.
 
 use loopwarden_twin::goodput::mix::LLAMA3_RATE_PER_GPU_DAY;
-use loopwarden_twin::goodput::trials::run_policies;
+use loopwarden_twin::goodput::trials::{each_trial, run_policies, validate};
 use loopwarden_twin::goodput::{
     run, Job, LeadTime, Mix, Policy, PolicySummary, Precursor, Settings, Summary,
 };
@@ -126,6 +130,9 @@ pub struct Study {
     pub inputs: Inputs,
     /// The three policies on the inputs as given.
     pub headline: Summary,
+    /// The paired differences between policies over the headline's
+    /// trials, in [`DIFFERENCES`]' order.
+    pub differences: Vec<Difference>,
     /// The drain policy as in the headline, with no false alarm (no false
     /// degrade, no false quarantine).
     pub no_false_alarms: PolicySummary,
@@ -183,6 +190,7 @@ impl Study {
             inputs.trials,
             inputs.seed,
         )?;
+        let differences = differences(&inputs)?;
         let swept = Inputs {
             trials: inputs.sweep_trials.min(inputs.trials),
             ..inputs.clone()
@@ -204,6 +212,7 @@ impl Study {
         let moonshot = moonshot(i)?;
         Ok(Study {
             headline,
+            differences,
             no_false_alarms,
             agent_no_false_quarantines,
             agent_swept,
@@ -218,6 +227,91 @@ impl Study {
             inputs,
         })
     }
+}
+
+/// The paired differences reported, by key: what each sets against what.
+pub const DIFFERENCES: [(&str, &str); 4] = [
+    ("agent_minus_reactive", "agent − reactive"),
+    ("agent_drain_minus_reactive", "agent + drain − reactive"),
+    ("agent_drain_minus_agent", "agent + drain − agent"),
+    (
+        "agent_drain_minus_agent_with_neither",
+        "agent + drain without false alarms − agent without false quarantines",
+    ),
+];
+
+/// One policy's ETT minus another's over the same trials.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Difference {
+    /// Its key in [`DIFFERENCES`] (and the JSON).
+    pub key: &'static str,
+    /// What it sets against what, in words.
+    pub name: &'static str,
+    /// The mean of the per-trial differences, a fraction.
+    pub mean: f64,
+    /// 1.96 times the standard deviation of the per-trial differences
+    /// over √n: the 95 % interval is the mean ± this. None with one trial.
+    pub half_width: Option<f64>,
+    /// The trials paired.
+    pub trials: u32,
+}
+
+impl Difference {
+    /// From the per-trial ETTs of two policies over the same trials.
+    fn paired((key, name): (&'static str, &'static str), a: &[f64], b: &[f64]) -> Difference {
+        let d: Vec<f64> = a.iter().zip(b).map(|(x, y)| x - y).collect();
+        let n = d.len() as f64;
+        let mean = d.iter().sum::<f64>() / n;
+        let half_width = (d.len() > 1).then(|| {
+            let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+            1.96 * var.sqrt() / n.sqrt()
+        });
+        Difference {
+            key,
+            name,
+            mean,
+            half_width,
+            trials: d.len() as u32,
+        }
+    }
+
+    /// The interval's lower end (the mean with one trial).
+    pub fn low(&self) -> f64 {
+        self.mean - self.half_width.unwrap_or(0.0)
+    }
+
+    /// The interval's upper end (the mean with one trial).
+    pub fn high(&self) -> f64 {
+        self.mean + self.half_width.unwrap_or(0.0)
+    }
+}
+
+/// Each trial's ETT under each of `policies`, one list per policy.
+fn per_trial(i: &Inputs, policies: &[Policy]) -> Result<Vec<Vec<f64>>, String> {
+    validate(&i.job, &i.settings, &i.mix, i.trials)?;
+    let mut etts = vec![Vec::with_capacity(i.trials as usize); policies.len()];
+    let three = (&i.job, &i.settings, &i.mix);
+    each_trial(three, i.trials, i.seed, policies, |_, p, o| {
+        let k = policies.iter().position(|&q| q == p).expect("asked");
+        etts[k].push(o.ett());
+    });
+    Ok(etts)
+}
+
+/// The paired differences of [`DIFFERENCES`] over the inputs' trials: the
+/// headline's three policies, and the drain policy and the agent with no
+/// false flag (the same failures: false flags are streams of their own).
+pub fn differences(i: &Inputs) -> Result<Vec<Difference>, String> {
+    let all = [Policy::Reactive, Policy::Agent, Policy::AgentDrain];
+    let [reactive, agent, drain] =
+        <[Vec<f64>; 3]>::try_from(per_trial(i, &all)?).map_err(|_| "three policies".to_string())?;
+    let quiet = per_trial(&quiet(i), &[Policy::Agent, Policy::AgentDrain])?;
+    Ok(vec![
+        Difference::paired(DIFFERENCES[0], &agent, &reactive),
+        Difference::paired(DIFFERENCES[1], &drain, &reactive),
+        Difference::paired(DIFFERENCES[2], &drain, &agent),
+        Difference::paired(DIFFERENCES[3], &quiet[1], &quiet[0]),
+    ])
 }
 
 /// ETT against C, R, W, the spare pool and the collective timeout.
@@ -445,5 +539,72 @@ impl Moonshot {
             .iter()
             .max_by(|a, b| a.ett.total_cmp(&b.ett))
             .expect("a grid")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The drain policy's inputs over `trials`: the default job for 10
+    /// days, half of each visible class flagged an hour ahead.
+    fn inputs(trials: u32) -> Inputs {
+        let mix = Mix::default().with_precursor(&fixed(0.5, 1.0));
+        Inputs {
+            job: Job {
+                days: 10.0,
+                ..Job::default()
+            },
+            settings: Settings::default(),
+            mix,
+            measured: false,
+            unmeasured: Vec::new(),
+            trials,
+            sweep_trials: trials,
+            seed: 1,
+        }
+    }
+
+    #[test]
+    fn paired_differences_carry_an_interval_that_narrows_with_trials() {
+        let at = |trials| differences(&inputs(trials)).expect("runs");
+        let (few, many) = (at(40), at(400));
+        assert_eq!(
+            few.iter().map(|d| d.key).collect::<Vec<_>>(),
+            DIFFERENCES.map(|(k, _)| k)
+        );
+        for (a, b) in few.iter().zip(&many) {
+            assert_eq!((a.trials, b.trials), (40, 400));
+            let (ha, hb) = (a.half_width.expect("40 trials"), b.half_width.expect("400"));
+            assert!(ha.is_finite() && hb.is_finite(), "{a:?} {b:?}");
+            assert!(a.low() <= a.mean && a.mean <= a.high(), "{a:?}");
+            assert!(b.low() <= b.mean && b.mean <= b.high(), "{b:?}");
+            if a.key == "agent_minus_reactive" {
+                // At triage 0 with no quarantine ending a job the agent
+                // and reactive handling lose the same time, trial by trial.
+                assert_eq!((a.mean, ha, b.mean, hb), (0.0, 0.0, 0.0, 0.0));
+                continue;
+            }
+            assert!(ha > 0.0, "{a:?}");
+            // Ten times the trials: about a third of the width.
+            assert!(hb < ha / 2.0, "{a:?} {b:?}");
+            // The 40 trials' interval holds the 400 trials' mean.
+            assert!(a.low() <= b.mean && b.mean <= a.high(), "{a:?} {b:?}");
+        }
+        // The drains' gain is measured on the same trials: the mean of
+        // the differences is the difference of the means.
+        let s = run(
+            &inputs(40).job,
+            &inputs(40).settings,
+            &inputs(40).mix,
+            40,
+            1,
+        )
+        .unwrap();
+        let d = &few[1];
+        assert_eq!(d.key, "agent_drain_minus_reactive");
+        assert!((d.mean - (s.policies[2].ett - s.policies[0].ett)).abs() < 1e-12);
+        // One trial has no interval.
+        assert!(differences(&inputs(1)).unwrap()[1].half_width.is_none());
     }
 }
