@@ -14,7 +14,8 @@
 //! (`cargo test --target x86_64-unknown-linux-gnu --lib`): the register
 //! map ([`map`], generated from `boards/cdus/*.toml`), the CDU's
 //! measurements and the map's limits ([`cdu`]), the Modbus RTU master
-//! ([`rtu`]), a step's time planned on the worst of its waits
+//! ([`rtu`]), a step's read of it, span by span, a failed span losing
+//! only its own registers ([`reads`]), a step's time planned on the worst of its waits
 //! ([`budget`]), a plan's writes carried out ([`writes`]), the latched
 //! record's flash items ([`latch`]) and the other counts kept there
 //! ([`counters`]), the hall's figures built in ([`figures`]), what the
@@ -52,5 +53,6 @@ pub mod latch;
 pub mod learned;
 pub mod map;
 pub mod outbound;
+pub mod reads;
 pub mod rtu;
 pub mod writes;

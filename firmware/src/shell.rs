@@ -24,13 +24,13 @@ use loopwarden_firmware::board::nor::NorError;
 use loopwarden_firmware::board::nor::{store_start, RamNor, StoreStart};
 use loopwarden_firmware::board::{self, icount, led::Led, uart, uart::Uart, watchdog};
 use loopwarden_firmware::budget::{self, StepBudget, Transaction};
-use loopwarden_firmware::cdu::InputValues;
 use loopwarden_firmware::clears::{keyring, Last, Taken, MAX_OPERATORS};
 use loopwarden_firmware::controller::{said_words, Controller, Ports, StepKeep};
 use loopwarden_firmware::latch::{self, LoadError};
 use loopwarden_firmware::learned::{self, LearnedFlash};
-use loopwarden_firmware::map::{self, Register};
+use loopwarden_firmware::map::{self, Register, Span};
 use loopwarden_firmware::outbound::{FrameBuffers, FramedPort, GATEWAY_QUEUE};
+use loopwarden_firmware::reads::{self, InputPort, ReadErrors};
 use loopwarden_firmware::writes::{self, SettingPort};
 use loopwarden_firmware::{counters, rtu};
 use loopwarden_flash::{ConfigStore, StoreError};
@@ -105,6 +105,8 @@ pub struct Shell {
     budget: StepBudget,
     /// The step's work so far, and where its count resumed.
     work: (u32, u32),
+    /// The CDU's reads that failed, in whole or in part, since boot.
+    read_errors: ReadErrors,
 }
 
 /// The only reference to the static at `p`.
@@ -188,6 +190,7 @@ impl Shell {
             boot_peak: 0,
             budget: StepBudget::new(0, budget::STEP_BUDGET_US, TRANSACTION),
             work: (0, 0),
+            read_errors: ReadErrors::default(),
         };
         (sh, read)
     }
@@ -360,10 +363,6 @@ impl Shell {
         self.work.1 = icount::now();
     }
 
-    fn time_left(&mut self) -> bool {
-        self.budget.transaction_fits(clock::now_us())
-    }
-
     /// Before the latched record's keep, when its worst leaves the step
     /// no time for a write after it: the valves the step closes, written
     /// closed (a word that opens none, [`budget::closings`]), so a leak
@@ -414,35 +413,18 @@ impl Shell {
         };
     }
 
-    /// Reads every span of input registers; `None` when one fails.
+    /// Reads every span of input registers: a span that fails loses only
+    /// its own registers, said and counted ([`reads`]); `None` when no
+    /// span answered.
     fn read_cdu(&mut self) -> Option<CduMeasurements> {
         self.pause_work();
-        let read = self.read_spans();
+        let mut port = RtuPort {
+            cdu: &mut self.cdu,
+            budget: self.budget,
+        };
+        let read = reads::read_spans(&mut port, &mut self.console, &mut self.read_errors);
         self.resume_work();
         read
-    }
-
-    #[inline(never)]
-    fn read_spans(&mut self) -> Option<CduMeasurements> {
-        let mut values = InputValues::default();
-        let mut words = [0u16; rtu::MAX_READ];
-        for span in &map::SPANS {
-            if !self.time_left() {
-                let _ = writeln!(
-                    self.console,
-                    "cdu: read input {} not asked: the step's time ran out",
-                    span.start
-                );
-                return None;
-            }
-            self.cdu.set_deadline(self.budget.end_us());
-            if let Err(e) = self.cdu.read_inputs(span, &mut words) {
-                let _ = writeln!(self.console, "cdu: {e}");
-                return None;
-            }
-            values.take(span, &words[..usize::from(span.count)]);
-        }
-        Some(values.measurements())
     }
 
     /// Writes the plan, each setting on its own; each failure to the
@@ -602,6 +584,17 @@ impl SettingPort for RtuPort<'_> {
     fn write(&mut self, r: &Register, words: &[u16]) -> Result<(), rtu::RtuError> {
         self.cdu.set_deadline(self.budget.end_us());
         self.cdu.write(r, words)
+    }
+
+    fn time_left(&mut self) -> bool {
+        self.budget.transaction_fits(clock::now_us())
+    }
+}
+
+impl InputPort for RtuPort<'_> {
+    fn read_inputs(&mut self, span: &Span, out: &mut [u16]) -> Result<usize, rtu::RtuError> {
+        self.cdu.set_deadline(self.budget.end_us());
+        self.cdu.read_inputs(span, out)
     }
 
     fn time_left(&mut self) -> bool {
