@@ -470,18 +470,29 @@ impl Session {
     }
 
     /// Keeps `payload` as the latest retained state of topic `name` if it
-    /// is newer (a higher sequence number) than the one held; false, and
-    /// nothing kept, when it is not: an older state must never go out
-    /// after a newer, or the broker would keep the older.
+    /// is newer (a later sequence number, [`later`]) than the one held;
+    /// false, and nothing kept, when it is not: an older state must never
+    /// go out after a newer, or the broker would keep the older.
     fn hold_retained(&mut self, name: &str, payload: &[u8]) -> bool {
         let newer = self
             .retained
             .get(name)
-            .is_none_or(|old| seq_of(payload) > seq_of(old));
+            .is_none_or(|old| later(seq_of(payload), seq_of(old)));
         if newer {
             self.retained.insert(name.to_string(), payload.to_vec());
         }
         newer
+    }
+}
+
+/// Whether sequence number `new` comes after `old` on the node's frame
+/// counter, which wraps (u32::MAX, then 0): by serial-number arithmetic
+/// (RFC 1982), within half the counter's range. One that is not known
+/// (a payload that does not decode) comes before any that is.
+fn later(new: Option<u32>, old: Option<u32>) -> bool {
+    match (new, old) {
+        (Some(n), Some(o)) => (n.wrapping_sub(o) as i32) > 0,
+        (n, o) => n > o,
     }
 }
 
@@ -839,6 +850,26 @@ mod tests {
         s.connection_lost(0);
         let first = s.connected(vec![presence()], None);
         assert_eq!(seqs(&first).last(), Some(&Some(6)));
+    }
+
+    /// The frame counter wrapped (u32::MAX, then 0): the state numbered 0
+    /// is the newer, and goes out; one from before the wrap does not.
+    #[test]
+    fn retained_state_after_the_counter_wraps_is_newer() {
+        let mut s = session(10, false);
+        s.connected(Vec::new(), None);
+        let health = |seq| Outgoing {
+            topic: HEALTH.into(),
+            retain: true,
+            class: Class::Retained,
+            ..event(seq)
+        };
+        s.accept(health(u32::MAX));
+        assert_eq!(seqs(&drain(&mut s)), some([u32::MAX]));
+        s.accept(health(0));
+        assert_eq!(seqs(&drain(&mut s)), some([0]));
+        s.accept(health(u32::MAX - 1));
+        assert!(drain(&mut s).is_empty(), "from before the wrap: older");
     }
 
     /// Health seq 6 went round the full command channel (the watch is
