@@ -11,6 +11,7 @@
 //! | `keyring` | every command: no CDU, facility or operator can cap the host | `commands = "none"` |
 //! | `cdu` | the CDU's leases and its word about cooling | `cooling = "not_managed"` |
 //! | the CDU's key in the keyring (`cdu` with `commands = "none"`, or a `cdu` no signer is) | the same: every state and lease of that CDU is refused | `cooling = "not_managed"` |
+//! | `lease` on a key of the CDU (its keys all listed without it) | its caps: each cap lease of that CDU is refused as forbidden, though its states are taken (a key of it without `lease` beside one with it is said at start) | `cooling = "not_managed"` |
 //! | `rack` (with `cdu`) | acting on the rack's loss of cooling | `[cooling_loss] actions = "none"` |
 //! | `[cooling_loss]` `drain` and `power_down` | draining and powering down a rack without cooling | `[cooling_loss] actions = "none"` |
 //! | `flash` | quarantines, leases and the limits the agent set, across a restart | `volatile_state = true` |
@@ -42,7 +43,7 @@
 
 use loopwarden_field::config::{range, ConfigError, Sources};
 use loopwarden_field::pick;
-use loopwarden_protocol::auth::Signer;
+use loopwarden_protocol::auth::{May, Signer};
 use loopwarden_protocol::{Ident, Role, Watts};
 
 use super::{CoolingLossActions, FileConfig, GpuSourceKind, Overrides};
@@ -376,11 +377,15 @@ fn contradictions(
 }
 
 /// On real GPUs, the host's CDU must be one whose signed state it can
-/// check: a CDU state is taken only with a key of the keyring, so without
-/// a keyring (`commands = "none"`), or with a `cdu` no signer of it is (a
-/// misspelt name, another hall's keyring), every state of that CDU is
-/// refused: the rack's loss of cooling is never seen (no drain, no
-/// power-down) and none of its caps is taken.
+/// check and whose caps it takes: a CDU state is taken only with a key of
+/// the keyring, so without a keyring (`commands = "none"`), or with a
+/// `cdu` no signer of it is (a misspelt name, another hall's keyring),
+/// every state of that CDU is refused: the rack's loss of cooling is never
+/// seen (no drain, no power-down) and none of its caps is taken. A state
+/// verifies with any key of the CDU, but a cap lease only with one that
+/// may lease: with none that may, every cap is refused as forbidden, so
+/// that is refused too, and a key without `lease` beside one with it (a
+/// rotation's new key given the wrong rights) is said at start.
 fn cdu_heard(
     src: &Sources,
     s: &Setting<'_>,
@@ -394,18 +399,45 @@ fn cdu_heard(
             format!("commands = \"{NO_COMMANDS}\" and cdu = \"{cdu}\": without a keyring this host cannot check cdu/{cdu}'s signed state, so it never sees its rack lose cooling (no drain, no power-down) and takes none of its caps. Give keyring = PATH listing cdu/{cdu}, or write cooling = \"{NOT_MANAGED}\" in place of cdu, rack and [cooling_loss] to run this host unmanaged on purpose"),
         ));
     }
-    let listed = s
+    let keys: Vec<&Signer> = s
         .signers
         .iter()
-        .any(|k| k.role == Role::Cdu && k.name.as_ref().is_none_or(|n| n == cdu));
-    if !listed {
+        .filter(|k| k.role == Role::Cdu && k.name.as_ref().is_none_or(|n| n == cdu))
+        .collect();
+    if keys.is_empty() {
         return Err(src.error(
             None,
             "cdu",
             format!("cdu = \"{cdu}\": the keyring holds no key of cdu/{cdu}, so every state and lease of that CDU would be refused: its rack's loss of cooling never seen (no drain, no power-down), none of its caps taken. Check the CDU's name, or add cdu/{cdu}'s key to the keyring (`lwbus pki sign-key --node cdu/{cdu} --key-id N --out FILE` prints its entry)"),
         ));
     }
+    if !keys.iter().any(|k| k.may.lease) {
+        let ids: Vec<String> = keys.iter().map(|k| k.key_id.to_string()).collect();
+        return Err(src.error(
+            None,
+            "cdu",
+            format!("cdu = \"{cdu}\": the keyring lists cdu/{cdu}'s key ids {} without the right `lease`, so every cap lease of that CDU would be refused as forbidden: when its cooling falls short, this host's GPUs stay uncapped. Give the CDU's entries may = [\"lease\"] (a CDU's `release` is dropped: only an operator releases), or write cooling = \"{NOT_MANAGED}\" in place of cdu, rack and [cooling_loss] to run this host unmanaged on purpose", ids.join(", ")),
+        ));
+    }
+    for k in keys.iter().filter(|k| !k.may.lease) {
+        tracing::warn!(
+            "keyring: cdu/{cdu}'s key {} ({}) lacks the right `lease`: its states are taken but its cap leases refused as forbidden; a controller switched to it would have every cap refused. Give its entry may = [\"lease\"] before the controller signs with it (docs/security.md, section 7.2)",
+            k.key_id,
+            rights(k.may)
+        );
+    }
     Ok(())
+}
+
+/// A signer's rights as taken, for the log: `may = ["resend"]`.
+fn rights(may: May) -> String {
+    let named = [
+        (may.lease, "\"lease\""),
+        (may.release, "\"release\""),
+        (may.resend, "\"resend\""),
+    ];
+    let list: Vec<&str> = named.iter().filter(|n| n.0).map(|n| n.1).collect();
+    format!("may = [{}]", list.join(", "))
 }
 
 /// On real GPUs: every protection on, or its opt-out written down.
@@ -496,6 +528,50 @@ mod tests {
         format!("keyring = {ring:?}\n")
     }
 
+    /// Site a's keyring in `dir`, file `file`, holding cdu/cdu1's keys
+    /// `(key id, rights)`, as the line `keyring = …`.
+    fn cdu1_keys(dir: &std::path::Path, file: &str, keys: &[(u8, May)]) -> String {
+        let signers: Vec<Signer> = keys
+            .iter()
+            .map(|&(key_id, may)| Signer {
+                role: Role::Cdu,
+                name: Some(Ident::new("cdu1").unwrap()),
+                key_id,
+                key: SigningKey::from_bytes(&[key_id; 32]).verifying_key(),
+                may,
+            })
+            .collect();
+        let site = Ident::new("a").unwrap();
+        let ring = dir.join(file);
+        std::fs::write(&ring, loopwarden_bus::keys::keyring_toml(&site, &signers)).unwrap();
+        format!("keyring = {ring:?}\n")
+    }
+
+    /// What `f` logs, as text.
+    fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
+        #[derive(Clone, Default)]
+        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .without_time()
+            .finish();
+        let out = tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8_lossy(&buf.0.lock().unwrap()).into_owned();
+        (out, text)
+    }
+
     const KEYRING_OFF: &str = "commands = \"none\"\n";
     const UNMANAGED: &str = "commands = \"none\"\ncooling = \"not_managed\"\n";
     const RACK: &str = "cdu = \"cdu1\"\nrack = 2\n";
@@ -574,6 +650,69 @@ mod tests {
         assert!(nvml(&format!("{ring}{FLASH}{RACK}{QUARANTINE}{BOTH}")).is_ok());
         // Simulated GPUs are not held to it.
         assert!(twin(&format!("{RACK}{BOTH}")).is_ok());
+    }
+
+    /// A CDU's state verifies with any of its keys, but its caps only
+    /// with one that may lease: a keyring whose cdu/<cdu> keys none may
+    /// lease would take the CDU's word about cooling and refuse every
+    /// cap it sends (the GPUs stay uncapped when cooling falls short).
+    #[test]
+    fn real_gpus_whose_cdu_keys_none_may_lease_are_refused_naming_lease() {
+        let dir = tempfile::tempdir().unwrap();
+        let resend = May {
+            resend: true,
+            ..May::default()
+        };
+        // An earlier `sign-key` could give a CDU `release`: the keyring
+        // drops it, and the key is left with no right.
+        let release = May {
+            release: true,
+            ..May::default()
+        };
+        for (file, may) in [("resend.toml", resend), ("release.toml", release)] {
+            let ring = cdu1_keys(dir.path(), file, &[(1, may), (2, may)]);
+            let e = nvml(&format!("{ring}{FLASH}{RACK}{QUARANTINE}{BOTH}")).unwrap_err();
+            assert!(
+                e.contains("cdu = \"cdu1\"")
+                    && e.contains("cdu/cdu1's key ids 1, 2")
+                    && e.contains("`lease`")
+                    && e.contains("cooling = \"not_managed\""),
+                "{file}: {e}"
+            );
+        }
+        // Simulated GPUs are not held to it.
+        let ring = cdu1_keys(dir.path(), "twin.toml", &[(1, resend)]);
+        let text = format!(
+            "site = \"a\"\nhost = \"h\"\nbroker = \"10.0.0.5\"\ntwin_gpus = 2\n{ring}{RACK}{BOTH}"
+        );
+        resolve(None, &text, &Overrides::default()).expect("simulated GPUs");
+    }
+
+    /// In a rotation, the key with lease lets the host start; the one
+    /// without is said at start, before the controller moves to it and
+    /// every cap of the CDU is refused.
+    #[test]
+    fn a_cdu_key_without_lease_beside_one_with_it_is_taken_and_warned_of() {
+        let dir = tempfile::tempdir().unwrap();
+        let lease = May {
+            lease: true,
+            ..May::default()
+        };
+        let resend = May {
+            resend: true,
+            ..May::default()
+        };
+        let ring = cdu1_keys(dir.path(), "rotation.toml", &[(1, lease), (2, resend)]);
+        let (c, log) = logged(|| nvml(&format!("{ring}{FLASH}{RACK}{QUARANTINE}{BOTH}")));
+        let c = c.expect("one key may lease");
+        assert!(c.opt_outs.is_empty(), "{:?}", c.opt_outs);
+        let said: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains("cdu/cdu1's key 2"))
+            .collect();
+        assert_eq!(said.len(), 1, "{log}");
+        assert!(said[0].contains("`lease`"), "{log}");
+        assert!(!log.contains("key 1"), "key 1 may lease: {log}");
     }
 
     #[test]
