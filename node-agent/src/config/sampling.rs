@@ -220,7 +220,7 @@ mod tests {
             load(1).expect("taken").slow_counters,
             Duration::from_secs(1)
         );
-        let e = load(0).err().expect("0 s refused");
+        let e = load(0).expect_err("0 s refused");
         assert_eq!(e.line, Some(4), "{e}");
         let said = e.to_string();
         assert!(
