@@ -5,8 +5,9 @@
 //! temperatures and the leak inputs with it), the failed span's
 //! registers read no value ([`InputValues`] leaves a span not read
 //! unknown), and its failure is said on the console and counted
-//! ([`ReadErrors`]). The read fails as a whole only when no span
-//! answered. After a span the CDU did not answer (no answer, a garbled
+//! ([`ReadErrors`]). The read fails as a whole when no span answered,
+//! or when a span that failed holds a pump's running flag
+//! ([`lost_running_flag`]). After a span the CDU did not answer (no answer, a garbled
 //! or wrong answer, the UART's error, a line that never fell silent) or
 //! that the step's time left unsent, the read's later spans are not
 //! asked: each would wait out its own timeout; their registers read no
@@ -95,9 +96,16 @@ pub fn read_spans(
             }
         };
     }
-    let answered = got.iter().any(|g| matches!(g, Got::Words));
     if got.iter().all(|g| matches!(g, Got::Words)) {
         return Some(values.measurements());
+    }
+    let some = got.iter().any(|g| matches!(g, Got::Words));
+    let answered = some && !lost_running_flag(&got);
+    if some && !answered {
+        let _ = writeln!(
+            console,
+            "cdu: a pump's running flag went unread: the step takes none of this read (a flag not read is no pump stopped)"
+        );
     }
     if answered {
         errors.in_part = errors.in_part.wrapping_add(1);
@@ -108,6 +116,20 @@ pub fn read_spans(
         let _ = say(console, span, g, answered, errors);
     }
     answered.then(|| values.measurements())
+}
+
+/// Whether a span that did not answer holds a pump's running flag. A
+/// read that lost one fails whole, as when nothing answered: the
+/// decision path takes a flag of no value as a pump not running, so a
+/// refused span would have tripped healthy pumps, both in turn, and kept
+/// them out of service, where a CDU not read is the loss of the CDU.
+fn lost_running_flag(got: &[Got]) -> bool {
+    let flag = |i: usize| {
+        let name = map::REGISTERS[i].name;
+        name == map::PUMP_A_RUNNING.name || name == map::PUMP_B_RUNNING.name
+    };
+    (map::SPANS.iter().zip(got))
+        .any(|(span, g)| !matches!(g, Got::Words) && span.registers.iter().any(|&i| flag(i)))
 }
 
 /// One span's failure on the console (nothing for one that answered).
@@ -275,13 +297,24 @@ mod tests {
     }
 
     #[test]
-    fn after_a_refusal_the_next_span_is_asked_and_kept() {
-        let mut cdu = Scripted::new([Err(refused(&map::SPANS[0], 2)), Ok(meters())]);
+    fn a_refused_span_holding_the_running_flags_fails_the_read_whole() {
+        // Exception 6 (busy) is a transient: the pumps run on. A step
+        // that took the meters without the flags would read both pumps
+        // stopped and trip them in turn.
+        let mut cdu = Scripted::new([Err(refused(&map::SPANS[0], 6)), Ok(meters())]);
         let (mut console, mut errors) = (String::new(), ReadErrors::default());
-        let m = read_spans(&mut cdu, &mut console, &mut errors).expect("the meters answered");
-        assert_eq!((m.supply_c, m.leaks), (None, None));
-        assert_eq!((m.it_w, m.outdoor_c), (Some(80_000.0), Some(-3.5)));
-        assert_eq!(errors.in_part, 1);
+        assert!(read_spans(&mut cdu, &mut console, &mut errors).is_none());
+        assert_eq!(
+            errors,
+            ReadErrors {
+                whole: 1,
+                in_part: 0
+            }
+        );
+        assert!(
+            console.contains("a pump's running flag went unread"),
+            "{console}"
+        );
         assert_eq!(cdu.asked, [0, 10]);
     }
 
