@@ -22,7 +22,8 @@
 //! Reads take as few requests as the map allows: one per run of contiguous
 //! input registers (at most 125 registers each); a request that fails
 //! while another answers loses only its own registers, and is reported
-//! beside the readings (`reads`, [`CduPort::read_gaps`]). Writes take one request
+//! beside the readings (`reads`, [`CduPort::read_gaps`]), unless it
+//! loses a pump's running flag: then the read fails whole. Writes take one request
 //! per setting, one setting at a time ([`CduPort::write_setting`]: the
 //! decision path, [`crate::decide`], orders them and holds each to the
 //! map's range); [`ModbusCdu::write`] writes a whole [`CduSettings`] for

@@ -312,14 +312,12 @@ async fn an_address_the_cdu_lacks_is_exception_2() {
         "name = \"it_power\"\nkind = \"input\"\naddress = 7",
     );
     let mut client = tcp_client(map, addr);
-    // The request of inputs 0-8 is refused; that of 11-20 answers, and
-    // the read keeps it, the refusal beside it.
-    let r = client.read().await.expect("inputs 11-20 answered");
-    assert_eq!((r.supply_c, r.it_w), (None, None));
-    assert_eq!(r.cooling_w, Some(9_120.0));
-    let [e] = client.read_gaps() else {
-        panic!("one request refused: {:?}", client.read_gaps());
-    };
+    // The request of inputs 0-8 is refused; that of 11-20 answers, but
+    // the refused one holds the pumps' running flags: the read fails
+    // whole, saying so.
+    let e = client.read().await.expect_err("the running flags lost");
+    assert!(client.read_gaps().is_empty(), "{:?}", client.read_gaps());
+    assert!(e.to_string().contains("it lost pump_a_running"), "{e}");
     assert!(
         matches!(
             e,
@@ -517,13 +515,9 @@ async fn rtu_reads_writes_and_exceptions_as_over_tcp() {
         ),
         &pair,
     );
-    let r = off.read().await.expect("inputs 11-20 answered");
-    assert_eq!((r.supply_c, r.cooling_w), (None, Some(9_120.0)));
-    let gaps = off.read_gaps();
-    assert!(
-        matches!(gaps, [CduError::Refused { code: 2, .. }]),
-        "{gaps:?}"
-    );
+    // Inputs 11-20 answer, but the refused 0-8 hold the running flags.
+    let e = off.read().await.expect_err("the running flags lost");
+    assert!(matches!(e, CduError::Refused { code: 2, .. }), "{e:?}");
     off.disconnect().await;
 
     // Another unit id on the bus: the CDU keeps quiet.

@@ -9,7 +9,12 @@
 //! wrongly, the read's later requests are not tried: each would wait out
 //! its own timeout, or, on a serial line, for a quiet line first; their
 //! registers read `None` too. After a refusal (an exception other than
-//! 10 or 11) the next request is tried.
+//! 10 or 11) the next request is tried. A read whose lost requests hold
+//! a pump's running flag fails as a whole, as a read none answered: a
+//! flag not read would be taken as a pump stopped, and a healthy lead
+//! (then its lag) judged tripped and latched out of service on a CDU
+//! merely busy (exception 6); failed whole, the read leads to the
+//! sensor timeout's failsafe, as when the CDU does not answer.
 //!
 //! Glossary:
 //! - *gap*: a request of a read that failed while another answered.
@@ -21,17 +26,69 @@ fn next_worth_trying(e: &CduError) -> bool {
     e.refused_code().is_some() && !e.is_unanswered()
 }
 
+/// Failure `e` of a read that lost running flag `flag`, saying that it
+/// fails the read as a whole.
+fn flag_unread(e: CduError, flag: &str) -> CduError {
+    let why = format!(
+        " (it lost {flag}: the whole read fails, since a pump's running flag not read \
+         would be taken as the pump stopped)"
+    );
+    match e {
+        CduError::Refused { op, code, meaning } => CduError::Refused {
+            op: op + &why,
+            code,
+            meaning,
+        },
+        CduError::NoAnswer { op, after_ms } => CduError::NoAnswer {
+            op: op + &why,
+            after_ms,
+        },
+        CduError::Garbled {
+            op,
+            bytes,
+            after_ms,
+        } => CduError::Garbled {
+            op: op + &why,
+            bytes,
+            after_ms,
+        },
+        CduError::Io { op, source } => CduError::Io {
+            op: op + &why,
+            source,
+        },
+        CduError::BadAnswer { op, detail } => CduError::BadAnswer {
+            op: op + &why,
+            detail,
+        },
+        CduError::Value { op, source } => CduError::Value {
+            op: op + &why,
+            source,
+        },
+        partial @ CduError::Partial { .. } => partial,
+    }
+}
+
 impl ModbusCdu {
     /// Each span's words, `None` for a span that failed or was not tried
     /// (the failures kept in `gaps`). Fails with the first failure when
-    /// no span answered.
+    /// no span answered, and with the failure that lost a pump's running
+    /// flag (its own, or the one after which it was not tried), saying
+    /// so, when a span that holds one has no words.
     pub(super) async fn read_spans(&mut self) -> Result<Vec<(Span, Option<Vec<u16>>)>, CduError> {
         self.gaps.clear();
         let mut out = Vec::new();
         let mut answered = false;
         let mut trying = true;
+        let mut flag_lost: Option<(usize, &'static str)> = None;
         for span in self.spans.clone() {
+            let flag = span
+                .registers
+                .iter()
+                .find_map(|(n, _, _)| [PUMP_A, PUMP_B].into_iter().find(|f| f == n));
             if !trying {
+                if let Some(f) = flag {
+                    flag_lost.get_or_insert((self.gaps.len() - 1, f));
+                }
                 out.push((span, None));
                 continue;
             }
@@ -42,10 +99,18 @@ impl ModbusCdu {
                 }
                 Err(e) => {
                     trying = next_worth_trying(&e);
+                    if let Some(f) = flag {
+                        flag_lost.get_or_insert((self.gaps.len(), f));
+                    }
                     self.gaps.push(e);
                     out.push((span, None));
                 }
             }
+        }
+        if let Some((i, flag)) = flag_lost.filter(|_| answered) {
+            let e = self.gaps.swap_remove(i);
+            self.gaps.clear();
+            return Err(flag_unread(e, flag));
         }
         if !answered && !self.gaps.is_empty() {
             let first = self.gaps.remove(0);
