@@ -176,6 +176,9 @@ pub(crate) struct Agent {
     pub site_actions: crate::console::SiteActions,
     /// When the GPUs whose UUID is unknown are asked again (steady ms).
     pub identify_at: u64,
+    /// The config store's lost mark, to clear once what the lost store
+    /// held is kept again (`lost_store`).
+    pub lost_mark: Option<lost_store::PendingClear>,
 }
 
 /// What a process that runs many agents may ask of each (nothing by
@@ -319,25 +322,9 @@ async fn run_agent(
         unkept_limits_said: false,
         site_actions: Default::default(),
         identify_at: 0,
+        lost_mark: None,
     };
-    let refused = agent.recorder.refused();
-    for &gpu in &undone.unreadable {
-        agent.keep_health(gpu).await;
-    }
-    if config_lost {
-        let cooling = (!agent.node.cooling_unknown())
-            .then(|| cooling::phase_items(undone.phase, &undone.steps));
-        let unkept: Vec<u8> = (undone.unreadable.iter().copied())
-            .filter(|&g| identity(&agent.gpus[g as usize].info.uuid).is_none())
-            .collect();
-        let kept = lost_store::keep_recovered(&agent.recorder, refused, &unkept, cooling);
-        match kept.await {
-            Ok(()) => tracing::warn!(
-                "the config store lost: what was taken back (GPU health, the cooling-loss phase) is kept again"
-            ),
-            Err(e) => tracing::error!("{e}"),
-        }
-    }
+    agent.keep_taken_back(&undone, config_lost).await;
     // What a crash (or a failure) left undone runs again.
     agent.resume_actions(&undone.quarantines);
     agent.resume_cooling(undone.phase, undone.steps);
@@ -396,7 +383,7 @@ async fn restore_kept(
     let (logged, logged_phase) = match config_lost {
         true => (
             Some(startup::logged_quarantines(&last, gpus.len())),
-            Some(lost_store::logged_phase(log, config.cooling_loss.resume.len()).await),
+            Some(logged_phase(log, config).await),
         ),
         false => (None, None),
     };
@@ -425,6 +412,27 @@ async fn restore_kept(
         unreadable,
         phase,
         steps,
+    }
+}
+
+/// The cooling-loss phase the event log `log` says, after the config
+/// store was lost ([`lost_store::logged_phase`]). On a host that manages
+/// no cooling (no CDU: `cooling = "not_managed"`) no cooling-loss action
+/// can run, and no CDU's word would ever decide an unknown phase: where
+/// the log cannot tell, the phase is cooled, said.
+async fn logged_phase(
+    log: &mut loopwarden_flash::EventLog<loopwarden_store::agent_flash::Flash>,
+    config: &Config,
+) -> Result<node_core::cooling_loss::Phase, String> {
+    let logged = lost_store::logged_phase(log, config.cooling_loss.resume.len()).await;
+    match logged {
+        Err(why) if config.cdu.is_none() => {
+            tracing::warn!(
+                "the event log cannot tell the cooling-loss phase ({why}); this host manages no cooling (no CDU), so no cooling-loss action can have run: cooled"
+            );
+            Ok(node_core::cooling_loss::Phase::Cooled)
+        }
+        other => other,
     }
 }
 

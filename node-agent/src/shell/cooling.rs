@@ -594,6 +594,11 @@ impl Agent {
             }
         }
         let mut kept = self.keep_cooling();
+        // The phase decided by the CDU's word is handed to the flash: a
+        // lost mark waiting for it clears after it (not if not handed).
+        if kept.is_some() {
+            self.clear_lost_mark_once_kept();
+        }
         for mut job in jobs {
             // The runner takes jobs in order: the first waits for all.
             job.kept = kept.take();

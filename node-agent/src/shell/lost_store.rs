@@ -28,14 +28,22 @@
 //! a health change, for the reason of the state it starts in.
 //!
 //! A start that found the store lost keeps what it took back (the GPUs'
-//! health, the cooling-loss phase), then clears the store's lost mark
-//! ([`keep_recovered`]); until then every start reads the store as lost.
+//! health, the cooling-loss phase when known: [`keep_recovered`]); the
+//! store's lost mark is cleared while the agent runs, in order after
+//! them, once the phase is known and kept too (at the start, or once the
+//! CDU's word decides it: [`PendingClear`]); until then every start reads
+//! the store as lost. A host that manages no cooling (no CDU) has no
+//! cooling-loss action to undo: its phase is cooled where the log cannot
+//! tell.
 //!
 //! Glossary:
 //! - *whole*: a log that never lost a record: no wrap marker
 //!   ([`loopwarden_flash::log::WRAPPED`]), its oldest record numbered 0
 //!   (a log starts at 0; a wrap cut before its marker loses the oldest
 //!   numbers), no stored item skipped as not a record.
+//! - *lost mark*: the config value that makes every start read the store
+//!   as lost ([`loopwarden_store::agent_flash::LOST_MARK_KEY`]); *pending
+//!   clear*: the mark to clear in this run once all it waits for is kept.
 
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use loopwarden_flash::log::WRAPPED;
@@ -149,15 +157,16 @@ pub(super) async fn match_log(
 
 /// After a start that found the config store lost: keeps the
 /// cooling-loss phase taken back (`cooling`, its items; `None` while it
-/// is unknown), then clears the store's lost mark
-/// ([`loopwarden_store::agent_flash::LOST_MARK_KEY`]) by `recorder`, in
-/// order after the GPUs' recovered health states handed over before,
-/// unless a value was refused since the count `refused_before`
-/// ([`Recorder::refused`]), a GPU's state could not be kept (`unkept`:
-/// its UUID unknown, so no record names it), or the phase is unknown or
-/// refused: the mark
-/// then stays, and the next start reads the store as lost again (what
-/// was kept is unknown, never nothing kept). `Err` says why it stays.
+/// is unknown: kept once the CDU's word decides it), by `recorder`, in
+/// order after the GPUs' recovered health states handed over before.
+/// `Err` says why the store's lost mark
+/// ([`loopwarden_store::agent_flash::LOST_MARK_KEY`]) stays for this run:
+/// a GPU's state could not be kept (`unkept`: its UUID unknown, so no
+/// record names it), the phase was refused, or a value was refused since
+/// the count `refused_before` ([`Recorder::refused`]); the next start
+/// then reads the store as lost again (what was kept is unknown, never
+/// nothing kept). `Ok`: the mark is cleared once [`PendingClear`] is
+/// ready.
 pub(super) async fn keep_recovered(
     recorder: &Recorder,
     refused_before: u64,
@@ -170,13 +179,8 @@ pub(super) async fn keep_recovered(
             "GPUs {unkept:?}: their UUIDs unknown, their states taken back are not kept: {why}"
         ));
     }
-    let Some(items) = cooling else {
-        return Err(format!(
-            "the cooling-loss phase is unknown until the CDU's word, not kept: {why}"
-        ));
-    };
     // Waited for: the health states handed over before are in flash too.
-    (recorder.set_all_sync(items).await)
+    (recorder.set_all_sync(cooling.unwrap_or_default()).await)
         .map_err(|e| format!("the cooling-loss phase taken back is not kept ({e}): {why}"))?;
     let refused = recorder.refused().saturating_sub(refused_before);
     if refused > 0 {
@@ -184,8 +188,115 @@ pub(super) async fn keep_recovered(
             "{refused} values recovered were refused by the flash: {why}"
         ));
     }
+    Ok(())
+}
+
+/// The store's lost mark to clear while the agent runs, once what the
+/// start took back is kept ([`keep_recovered`]) and the rest of what the
+/// lost store held is known and kept again: the cooling-loss phase (known
+/// at the start, or once the CDU's word decides it: kept then,
+/// `super::cooling`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PendingClear {
+    /// The flash's refusals counted before the start kept anything.
+    refused_before: u64,
+}
+
+impl PendingClear {
+    /// A clear pending since the flash had refused `refused_before` values.
+    pub(super) fn new(refused_before: u64) -> Self {
+        Self { refused_before }
+    }
+
+    /// Whether everything is kept that the mark waits for, the phase
+    /// known (`cooling_unknown`: not yet).
+    pub(super) fn ready(&self, cooling_unknown: bool) -> bool {
+        !cooling_unknown
+    }
+}
+
+/// Clears the store's lost mark by `recorder`, in order after everything
+/// handed to it before (waited for first), unless the flash refused a
+/// value since `pending` began: then it stays, and the next start reads
+/// the store as lost again. `Err` says why it stays.
+pub(super) async fn clear_mark(recorder: &Recorder, pending: PendingClear) -> Result<(), String> {
+    let why = "the store's lost mark stays: the next start reads the config store as lost again";
+    (recorder.set_all_sync(Vec::new()).await).map_err(|e| format!("{e}: {why}"))?;
+    let refused = recorder.refused().saturating_sub(pending.refused_before);
+    if refused > 0 {
+        return Err(format!(
+            "{refused} values were refused by the flash since the start: {why}"
+        ));
+    }
     let (key, value) = loopwarden_store::agent_flash::lost_mark_cleared();
     (recorder.set_sync(key, value).await).map_err(|e| format!("{e}: {why}"))
+}
+
+impl super::Agent {
+    /// At the start: keeps the health state of each GPU whose kept state
+    /// was unreadable (`undone`), and after a config store lost
+    /// (`config_lost`) what was taken back ([`Self::keep_recovered`]).
+    pub(super) async fn keep_taken_back(&mut self, undone: &super::Undone, config_lost: bool) {
+        let refused = self.recorder.refused();
+        for &gpu in &undone.unreadable {
+            self.keep_health(gpu).await;
+        }
+        if config_lost {
+            let cooling = (undone.phase, &undone.steps[..]);
+            self.keep_recovered(&undone.unreadable, cooling, refused)
+                .await;
+        }
+    }
+
+    /// At a start that found the config store lost: keeps what it took
+    /// back (the GPUs' health states, `unreadable`, handed over before;
+    /// the cooling-loss `phase` and `steps`, when known) and leaves the
+    /// lost mark to clear once the rest is known and kept
+    /// ([`Self::clear_lost_mark_once_kept`]); said.
+    pub(super) async fn keep_recovered(
+        &mut self,
+        unreadable: &[u8],
+        cooling: (Phase, &[CoolingStep]),
+        refused_before: u64,
+    ) {
+        let items = (!self.node.cooling_unknown())
+            .then(|| super::cooling::phase_items(cooling.0, cooling.1));
+        let unkept: Vec<u8> = (unreadable.iter().copied())
+            .filter(|&g| super::identity(&self.gpus[g as usize].info.uuid).is_none())
+            .collect();
+        match keep_recovered(&self.recorder, refused_before, &unkept, items).await {
+            Ok(()) => {
+                tracing::warn!(
+                    "the config store lost: what was taken back (GPU health, the cooling-loss phase when known) is kept again; the store's lost mark clears once the cooling-loss phase is known and kept"
+                );
+                self.lost_mark = Some(PendingClear::new(refused_before));
+                self.clear_lost_mark_once_kept();
+            }
+            Err(e) => tracing::error!("{e}"),
+        }
+    }
+
+    /// Clears the store's lost mark, off the loop and in order after what
+    /// was handed to the flash, if one is pending and all it waits for is
+    /// kept ([`PendingClear::ready`]); the outcome said.
+    pub(super) fn clear_lost_mark_once_kept(&mut self) {
+        let unknown = self.node.cooling_unknown();
+        if !self.lost_mark.as_ref().is_some_and(|p| p.ready(unknown)) {
+            return;
+        }
+        let Some(pending) = self.lost_mark.take() else {
+            return;
+        };
+        let recorder = self.recorder.clone();
+        tokio::spawn(async move {
+            match clear_mark(&recorder, pending).await {
+                Ok(()) => tracing::warn!(
+                    "the config store lost: what the lost store held is kept again: its lost mark is cleared, the next start reads the store as intact"
+                ),
+                Err(e) => tracing::error!("{e}"),
+            }
+        });
+    }
 }
 
 /// The phase the cooling actions logged say, as they are read oldest

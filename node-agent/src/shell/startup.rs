@@ -555,10 +555,20 @@ mod tests {
     const B: &str = "GPU-bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb";
     const SINCE: u64 = 1_764_000_000_000;
 
+    /// A host that manages no cooling (no CDU).
     fn config() -> Config {
-        let text = "site = \"s1\"\nhost = \"h1\"\ntwin_gpus = 3\n";
+        config_with("")
+    }
+
+    /// A host whose rack 2 of CDU `cdu1` cools it.
+    fn managed() -> Config {
+        config_with("cdu = \"cdu1\"\nrack = 2\n")
+    }
+
+    fn config_with(more: &str) -> Config {
+        let text = format!("site = \"s1\"\nhost = \"h1\"\ntwin_gpus = 3\n{more}");
         let flags = crate::config::Overrides::default();
-        crate::config::resolve(Some(std::path::Path::new("agent.toml")), text, &flags)
+        crate::config::resolve(Some(std::path::Path::new("agent.toml")), &text, &flags)
             .expect("valid")
     }
 
@@ -699,15 +709,25 @@ mod tests {
         log: &mut EventLog<Flash>,
         lost: bool,
     ) -> (Node, super::super::Undone) {
-        let config = config();
+        restored_on(&config(), store, uuids, log, lost)
+    }
+
+    /// [`restored_with`] on a host set up as `config`.
+    fn restored_on(
+        config: &Config,
+        store: &mut ConfigStore<Flash>,
+        uuids: [&str; 3],
+        log: &mut EventLog<Flash>,
+        lost: bool,
+    ) -> (Node, super::super::Undone) {
         let gpus: Vec<GpuState> = uuids.iter().map(|u| gpu(u)).collect();
-        let mut node = node(&config, &gpus, TimestampMs(SINCE + 10_000));
+        let mut node = node(config, &gpus, TimestampMs(SINCE + 10_000));
         // On the agent's runtime, as at a start (the move of records kept
         // by index blocks inside it).
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .expect("a runtime");
-        let undone = rt.block_on(restore_kept(&mut node, &config, &gpus, store, log, lost));
+        let undone = rt.block_on(restore_kept(&mut node, config, &gpus, store, log, lost));
         (node, undone)
     }
 
@@ -1143,8 +1163,9 @@ mod tests {
             .collect()
     }
 
-    /// The limits kept with a cap in force (700 W uncapped, 450 W asked)
-    /// and a host powered down for a cooling loss, then the config store
+    /// On a host a CDU cools: the limits kept with a cap in force (700 W
+    /// uncapped, 450 W asked) and a host powered down for a cooling loss,
+    /// then the config store
     /// lost, the event log holding an event that does not decode (it may
     /// be a cooling action): the phase is unknown, for the CDU's word to
     /// decide (never cooled, which would leave the host down for good; a
@@ -1184,10 +1205,12 @@ mod tests {
         erase_config_store(&path);
         let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
         assert!(stores.config_lost);
-        let (mut node, _) = restored_from(
+        let (mut node, _) = restored_on(
+            &managed(),
             &mut stores.store,
             [X, A, B],
-            stores.config_lost.then_some(&mut stores.log),
+            &mut stores.log,
+            stores.config_lost,
         );
         assert!(node.cooling_unknown(), "the phase is unknown, not cooled");
         let said = first_read(&mut node, 450);
@@ -1383,52 +1406,81 @@ mod tests {
             .collect()
     }
 
+    /// After a start from the flash at `path` (`stores`) that found the
+    /// config store lost (`node`, `undone`, on the GPUs `uuids`): what the
+    /// agent keeps (the health states taken back, the cooling-loss phase
+    /// when known: `keep_recovered`), then, where `clear` and its pending
+    /// clear is ready, the lost mark cleared. Whether it was.
+    fn keep_after_loss(
+        stores: loopwarden_store::agent_flash::Stores,
+        path: &std::path::Path,
+        (node, undone): (&Node, &super::super::Undone),
+        uuids: [&str; 3],
+        clear: bool,
+    ) -> bool {
+        use super::super::lost_store::{clear_mark, keep_recovered, PendingClear};
+        let r = loopwarden_store::recorder::Recorder::start(stores.log, stores.store, Some(path))
+            .unwrap();
+        let before = r.refused();
+        for &g in &undone.unreadable {
+            let id = id(uuids[g as usize]);
+            let value = tagged(id, &postcard::to_allocvec(&node.gpu_health(g)).unwrap());
+            let check = check_of(&value);
+            r.set(Record::Health.key(id), value);
+            r.set(health_check_key(id), check);
+        }
+        let items = (!node.cooling_unknown())
+            .then(|| super::super::cooling::phase_items(undone.phase, &undone.steps));
+        let kept = futures::executor::block_on(keep_recovered(&r, before, &[], items));
+        assert!(kept.is_ok(), "{kept:?}");
+        let pending = PendingClear::new(before);
+        let cleared = clear && pending.ready(node.cooling_unknown());
+        if cleared {
+            futures::executor::block_on(clear_mark(&r, pending)).unwrap();
+        }
+        futures::executor::block_on(r.flush());
+        cleared
+    }
+
     /// A start that found the config store lost and stopped before it
-    /// kept what it took back (its bus refused, a crash, a power cut):
-    /// the next start finds the store lost still and quarantines GPU 1
-    /// again from the event log, never healthy (nor logs it so). Once the
-    /// states taken back are kept, and the cooling-loss phase with them
-    /// (not while it is unknown), the store's lost mark is cleared, and
-    /// the next start reads them kept.
+    /// kept what it took back (its bus refused, a crash, a power cut), or
+    /// kept it and stopped before the lost mark was cleared: the next
+    /// start finds the store lost still and quarantines GPU 1 again from
+    /// the event log, never healthy (nor logs it so). Once the states
+    /// taken back are kept and the cooling-loss phase known and kept with
+    /// them, the mark is cleared, and the next start reads them kept. On
+    /// this host, which manages no cooling (no CDU), the phase is known at
+    /// the start (cooled, whatever the log says: no cooling-loss action
+    /// can have run), so the mark clears in the start that took them
+    /// back; one a CDU cools waits for its word
+    /// (`lost_store_run.rs`).
     #[test]
     fn a_start_stopped_after_finding_the_store_lost_quarantines_again_at_the_next() {
-        use super::super::lost_store::keep_recovered;
-        use loopwarden_store::recorder::Recorder;
-        use node_core::cooling_loss::Phase;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("host.flash");
         let logged = health_changes(&[(1, Healthy, Quarantined, ReasonCode::DBE_VOLATILE)]);
         let (node, _) = lost_after(&path, &logged);
         assert_eq!(node.health().status(1).unwrap().state, Quarantined);
         let state = |node: &Node| node.health().status(1).unwrap().state;
-        let restart = |keep: Option<Option<Phase>>| {
+        // `None`: stopped before keeping anything; `Some(clear)`: kept,
+        // the mark cleared or not.
+        let restart = |keep: Option<bool>| {
             let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
             let lost = stores.config_lost;
             let (node, undone) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, lost);
-            let Some(cooling) = keep else {
-                return (lost, node);
-            };
-            let r = Recorder::start(stores.log, stores.store, Some(&path)).unwrap();
-            let before = r.refused();
-            for &g in &undone.unreadable {
-                let id = id([X, A, B][g as usize]);
-                let value = tagged(id, &postcard::to_allocvec(&node.gpu_health(g)).unwrap());
-                let check = check_of(&value);
-                r.set(Record::Health.key(id), value);
-                r.set(health_check_key(id), check);
+            if let Some(clear) = keep {
+                assert!(!node.cooling_unknown(), "no CDU: cooled");
+                let cleared = keep_after_loss(stores, &path, (&node, &undone), [X, A, B], clear);
+                assert_eq!(cleared, clear);
             }
-            let items = cooling.map(|p| super::super::cooling::phase_items(p, &[]));
-            let kept = futures::executor::block_on(keep_recovered(&r, before, &[], items));
-            assert_eq!(kept.is_ok(), cooling.is_some(), "{kept:?}");
-            futures::executor::block_on(r.flush());
             (lost, node)
         };
         let (lost, node) = restart(None);
         assert!(lost, "the loss is not forgotten");
         assert_eq!(state(&node), Quarantined, "never healthy");
-        let (lost, node) = restart(Some(None));
+        let (lost, node) = restart(Some(false));
         assert!(lost && state(&node) == Quarantined);
-        let (lost, node) = restart(Some(Some(Phase::Cooled)));
+        let (lost, node) = restart(Some(true));
         assert!(lost && state(&node) == Quarantined);
         let (lost, node) = restart(None);
         assert!(!lost, "what was taken back is kept");
@@ -1438,6 +1490,54 @@ mod tests {
             .log;
         let last = futures::executor::block_on(super::super::lost_store::last_changes(&mut log, 3));
         assert_eq!(last.unwrap()[1].as_ref().map(|l| l.to), Some(Quarantined));
+    }
+
+    /// The config store lost on a host that manages no cooling (no CDU),
+    /// its event log not whole (its first sector erased, as a wrap cut
+    /// before its marker leaves it: the oldest record is not 0), so the
+    /// log cannot tell the cooling-loss phase: the phase is cooled (no
+    /// cooling-loss action can have run, and no CDU's word would ever
+    /// decide it), the mark clears in the start that took the GPUs back,
+    /// and the start after it reads the store intact, GPU 0 not degraded
+    /// (its kept state unreadable at every start, for ever, before).
+    #[test]
+    fn a_lost_store_with_a_log_not_whole_on_a_host_without_cdu_is_kept_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let filler = health_changes(&[(2, Healthy, Degraded, ReasonCode::STRAGGLER)]);
+        let events: Vec<Event> = std::iter::repeat_n(filler[0].clone(), 400).collect();
+        lost_after(&path, &events);
+        {
+            use std::os::unix::fs::FileExt;
+            let log = loopwarden_boards::FlashBoard::host_file().layout().log;
+            let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            file.write_all_at(&[0xFF; 4096], log.start.into()).unwrap();
+        }
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(stores.config_lost);
+        let oldest = futures::executor::block_on(stores.log.oldest()).unwrap();
+        assert!(oldest.is_some_and(|s| s > 0), "{oldest:?}");
+        let (node, undone) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, true);
+        assert_eq!(undone.unreadable, vec![0, 1, 2], "the store lost");
+        assert!(!node.cooling_unknown(), "no CDU: cooled");
+        let taken_back = node.gpu_health(0);
+        assert!(keep_after_loss(
+            stores,
+            &path,
+            (&node, &undone),
+            [X, A, B],
+            true
+        ));
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(!stores.config_lost, "the mark is cleared");
+        let (node, undone) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, false);
+        assert_eq!(undone.unreadable, Vec::<u8>::new(), "no GPU degraded anew");
+        let kept = node.gpu_health(0);
+        assert_eq!(
+            (kept.state, kept.since),
+            (taken_back.state, taken_back.since),
+            "GPU 0 as kept: its quiet period counts from the first start"
+        );
     }
 
     /// The config store lost and GPU 1, quarantined before as the event
