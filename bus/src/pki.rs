@@ -68,7 +68,8 @@ pub struct SignKeyArgs {
     pub key_id: u8,
     /// What hosts let it do: `lease`, `release`, `resend`
     /// (comma-separated); default: as `init` gives them, `lease` for a
-    /// CDU, all three for an operator, `resend` for a facility reader.
+    /// CDU, all three for an operator, `resend` for a facility reader. A
+    /// CDU's must hold `lease` (hosts refuse its caps without it).
     #[arg(long, value_delimiter = ',')]
     pub may: Vec<String>,
     /// The file to write (mode 0600; never overwritten).
@@ -133,6 +134,15 @@ pub fn sign_key(args: &SignKeyArgs) -> Result<String, String> {
     } else {
         let may = parse_may(&args.may).map_err(|e| format!("--may: {e}"))?;
         check_rights(role, may).map_err(|e| format!("--may: {e}"))?;
+        if role == Role::Cdu && !may.lease {
+            return Err(
+                "--may: a CDU signer needs lease: hosts take its states with any of its keys, \
+                 but refuse every cap lease signed with a key that may not lease, so a \
+                 controller switched to this key would leave its hosts' GPUs uncapped when \
+                 cooling falls short; give --may lease (or leave --may out)"
+                    .into(),
+            );
+        }
         may
     };
     let key = new_sign_key(role, &name, args.key_id);
@@ -918,6 +928,35 @@ mod tests {
             ],
             "a reader publishes nothing but resend requests"
         );
+    }
+
+    /// A CDU's caps are taken only from a key that may lease: a CDU key
+    /// without it has its states taken and every cap refused (GPUs
+    /// uncapped when cooling falls short), so none is written.
+    #[test]
+    fn a_cdu_sign_key_without_lease_is_refused_and_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("cdu1.sign.key");
+        let e = sign_key(&SignKeyArgs {
+            node: "cdu/cdu1".into(),
+            key_id: 2,
+            may: vec!["resend".into()],
+            out: out.clone(),
+        })
+        .unwrap_err();
+        assert!(
+            e.starts_with("--may: a CDU signer needs lease") && e.contains("every cap lease"),
+            "{e}"
+        );
+        assert!(!out.exists(), "written");
+        let text = sign_key(&SignKeyArgs {
+            node: "cdu/cdu1".into(),
+            key_id: 2,
+            may: vec!["lease".into(), "resend".into()],
+            out: dir.path().join("cdu1.b.sign.key"),
+        })
+        .unwrap();
+        assert!(text.contains("may = [\"lease\", \"resend\"]"), "{text}");
     }
 
     #[test]
