@@ -740,21 +740,5 @@ fn throttle_bits_map_to_reasons_and_unknown_bits_are_ignored() {
 #[test]
 fn every_test_here_takes_the_log_lock_first() {
     let _one = logs::one_at_a_time();
-    let source = include_str!("nvml_fake.rs");
-    let mut lines = source.lines();
-    let mut tests = 0;
-    while let Some(line) = lines.next() {
-        if line.trim() != "#[test]" {
-            continue;
-        }
-        let signature = lines.next().unwrap_or_default();
-        let first = lines.next().unwrap_or_default();
-        assert_eq!(
-            first.trim(),
-            "let _one = logs::one_at_a_time();",
-            "{signature}: take the log lock first"
-        );
-        tests += 1;
-    }
-    assert!(tests > 1, "{tests} tests found");
+    logs::every_test_takes_the_lock_first(include_str!("nvml_fake.rs"));
 }

@@ -36,6 +36,7 @@ fn link_field(l: u32, recovery: bool) -> u32 {
 
 #[test]
 fn nvlink_errors_are_read_per_link_where_links_answer_and_named_in_the_evidence() {
+    let _one = logs::one_at_a_time();
     use node_core::health::{HealthEngine, Limits, Output, Policy};
     let mut answers = Answers::healthy();
     // Four links answer; links 4 to 11 are "not supported".
@@ -115,6 +116,7 @@ fn last_request(fake: &FakeNvml) -> Vec<u32> {
 
 #[test]
 fn slow_counters_are_read_every_n_samples_and_held_between() {
+    let _one = logs::one_at_a_time();
     let fake = FakeNvml::new(vec![Answers::healthy()]);
     let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(3);
     let first = gpu.sample().expect("a sample");
@@ -156,6 +158,7 @@ fn slow_counters_are_read_every_n_samples_and_held_between() {
 
 #[test]
 fn an_ecc_error_or_an_xid_reads_the_slow_counters_at_once() {
+    let _one = logs::one_at_a_time();
     let fake = FakeNvml::new(vec![Answers::healthy()]);
     let mut source = NvmlSource::new(fake.clone()).slow_every(100);
     let mut gpu = source.devices().expect("devices").remove(0);
@@ -190,6 +193,7 @@ fn an_ecc_error_or_an_xid_reads_the_slow_counters_at_once() {
 
 #[test]
 fn the_links_are_read_at_once_when_the_nvlink_totals_move() {
+    let _one = logs::one_at_a_time();
     let mut answers = Answers::healthy();
     answers.fields.insert(link_field(2, false), Ok(5));
     answers.fields.insert(link_field(2, true), Ok(0));
@@ -219,6 +223,7 @@ fn the_links_are_read_at_once_when_the_nvlink_totals_move() {
 
 #[test]
 fn probe_says_what_each_call_answers_and_names_the_fields_not_supported() {
+    let _one = logs::one_at_a_time();
     let mut answers = Answers::healthy();
     answers.energy_mj = Err(NotSupported);
     answers.utilization = Err(GpuLost);
@@ -258,6 +263,7 @@ fn probe_says_what_each_call_answers_and_names_the_fields_not_supported() {
 
 #[test]
 fn a_slow_read_that_fails_on_its_turn_is_a_miss_and_is_read_again_not_held() {
+    let _one = logs::one_at_a_time();
     let fake = FakeNvml::new(vec![Answers::healthy()]);
     let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(3);
     for _ in 0..3 {
@@ -299,6 +305,7 @@ fn a_slow_read_that_fails_on_its_turn_is_a_miss_and_is_read_again_not_held() {
 
 #[test]
 fn a_per_link_counter_that_fails_leaves_its_link_out_and_is_asked_again_next_sample() {
+    let _one = logs::one_at_a_time();
     let mut answers = Answers::healthy();
     for l in 0..3 {
         answers.fields.insert(link_field(l, false), Ok(1));
@@ -332,6 +339,7 @@ fn a_per_link_counter_that_fails_leaves_its_link_out_and_is_asked_again_next_sam
 
 #[test]
 fn a_sensor_that_answered_and_then_says_not_supported_is_warned_by_name_and_asked_again() {
+    let _one = logs::one_at_a_time();
     let mut answers = Answers::healthy();
     // Never supported here: said once, at info, and left alone.
     answers
@@ -396,6 +404,7 @@ fn a_sensor_that_answered_and_then_says_not_supported_is_warned_by_name_and_aske
 
 #[test]
 fn counters_that_go_back_are_a_reset_to_the_engine_never_a_huge_rise() {
+    let _one = logs::one_at_a_time();
     use loopwarden_protocol::TimestampMs;
     use node_core::health::{HealthEngine, Limits, Output, Policy};
     let (fake, mut gpu) = one_gpu(clean());
@@ -456,6 +465,7 @@ fn counters_that_go_back_are_a_reset_to_the_engine_never_a_huge_rise() {
 
 #[test]
 fn field_values_short_of_the_fields_asked_fail_the_sample_instead_of_reading_zero() {
+    let _one = logs::one_at_a_time();
     let mut answers = Answers::healthy();
     answers.fields_short = true;
     let (fake, mut gpu) = one_gpu(answers);
@@ -473,6 +483,7 @@ fn field_values_short_of_the_fields_asked_fail_the_sample_instead_of_reading_zer
 
 #[test]
 fn no_value_from_before_a_reprobe_or_a_reset_is_held_as_current() {
+    let _one = logs::one_at_a_time();
     let (fake, mut gpu) = one_gpu(Answers::healthy());
     let mut gpu_slow = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(100);
     gpu_slow.sample().expect("a sample");
@@ -531,4 +542,13 @@ async fn a_reprobe_asked_while_a_call_hangs_is_done_before_the_next_call() {
     let s = now_ok(w.sample(DEADLINE).await);
     assert_eq!(s.unsupported, Unsupported::empty(), "asked again");
     assert_eq!(s.power, Watts(313));
+}
+
+/// Every test of this binary takes the log lock first: a log line first
+/// reached on another test's thread can be remembered as unheard and the
+/// capture miss it (`logs/mod.rs`).
+#[test]
+fn every_test_here_takes_the_log_lock_first() {
+    let _one = logs::one_at_a_time();
+    logs::every_test_takes_the_lock_first(include_str!("nvml_fake_schedule.rs"));
 }

@@ -46,3 +46,25 @@ pub fn lines_with<'a>(log: &'a str, words: &[&str]) -> Vec<&'a str> {
         .filter(|l| words.iter().all(|w| l.contains(w)))
         .collect()
 }
+
+/// Asserts that every `#[test]` of `source` (a test binary's own text)
+/// takes [`one_at_a_time`] as its first line.
+#[allow(dead_code)] // only the binaries that check themselves call it
+pub fn every_test_takes_the_lock_first(source: &str) {
+    let mut lines = source.lines();
+    let mut tests = 0;
+    while let Some(line) = lines.next() {
+        if line.trim() != "#[test]" {
+            continue;
+        }
+        let signature = lines.next().unwrap_or_default();
+        let first = lines.next().unwrap_or_default();
+        assert_eq!(
+            first.trim(),
+            "let _one = logs::one_at_a_time();",
+            "{signature}: take the log lock first"
+        );
+        tests += 1;
+    }
+    assert!(tests > 1, "{tests} tests found");
+}
