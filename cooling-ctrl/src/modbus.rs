@@ -36,7 +36,9 @@
 //! is the request itself). A two-word setting is read back right after
 //! its echo; a step's one-word settings together after its writes, one
 //! request per run of contiguous holding registers
-//! ([`CduPort::read_back`], `read_back`), the heartbeat left out. Every request runs under a timeout (500 ms
+//! ([`CduPort::read_back`], `read_back`), the heartbeat left out; a run
+//! whose read-back fails leaves its settings as echoed, said apart
+//! ([`ReadBack::unread`]). Every request runs under a timeout (500 ms
 //! unless set); after a request that got no answer, a broken link or a
 //! garbled answer, the next request opens the link afresh (for RTU: reopens
 //! the port and discards whatever arrives until the line is quiet, so a
@@ -115,6 +117,7 @@ pub use error::{exception_meaning, CduError};
 pub use fit::{check_map, map_limits, UnfitMap};
 pub use link::{connect_failure, Link, SerialLine, TcpTarget};
 use link::{connect_tcp, drain, open_serial, Watched};
+pub use read_back::ReadBack;
 
 /// What the CDU measures, decoded with the map's scale (the decision
 /// path's type, shared with the firmware).
@@ -233,12 +236,12 @@ pub trait CduPort {
     }
     /// Reads back the settings of `written` (this step's writes that were
     /// echoed right) whose echo does not show what the CDU holds: one
-    /// request per run of contiguous holding registers. Each failure
-    /// names the settings it leaves not taken: holding another value, or
-    /// unknown (the read-back failed). None by default.
-    async fn read_back(&mut self, written: &[Write]) -> Vec<(Vec<Setting>, CduError)> {
+    /// request per run of contiguous holding registers. Settings holding
+    /// another value are not taken; a run whose read-back failed leaves
+    /// its settings taken, reported apart ([`ReadBack`]). None by default.
+    async fn read_back(&mut self, written: &[Write]) -> ReadBack {
         let _ = written;
-        Vec::new()
+        ReadBack::default()
     }
     /// Writes one setting. A value the map cannot encode fails with
     /// [`CduError::Value`] and nothing is sent.
@@ -647,7 +650,7 @@ impl CduPort for ModbusCdu {
         &self.gaps
     }
 
-    async fn read_back(&mut self, written: &[Write]) -> Vec<(Vec<Setting>, CduError)> {
+    async fn read_back(&mut self, written: &[Write]) -> ReadBack {
         self.read_back_settings(written).await
     }
 
@@ -711,7 +714,8 @@ impl ModbusCdu {
                 });
             }
         }
-        let Some((settings, cause)) = self.read_back(&writes).await.into_iter().next() else {
+        let back = self.read_back(&writes).await;
+        let Some((settings, cause)) = back.not_held.into_iter().chain(back.unread).next() else {
             return Ok(());
         };
         let failed = settings[0].register();

@@ -326,7 +326,7 @@ async fn a_one_word_setting_the_cdu_clamps_is_a_bad_answer() {
         value: 72.5,
     };
     client.write_setting(&speed).await.expect("echoed right");
-    let failed = client.read_back(&[SETPOINT, speed]).await;
+    let failed = client.read_back(&[SETPOINT, speed]).await.not_held;
     let [(settings, e)] = failed.as_slice() else {
         panic!("one setting not held: {failed:?}");
     };
@@ -366,14 +366,18 @@ async fn a_one_word_setting_the_cdu_clamps_is_a_bad_answer() {
     for w in [SETPOINT, speed] {
         client.write_setting(&w).await.expect("echoed right");
     }
-    assert!(client.read_back(&[SETPOINT, speed]).await.is_empty());
+    let back = client.read_back(&[SETPOINT, speed]).await;
+    assert!(
+        back.not_held.is_empty() && back.unread.is_empty(),
+        "{back:?}"
+    );
     // What it holds is read, not what was last sent: a setting this step
     // did not write reads back as the CDU holds it.
     let lead = Write {
         setting: Setting::LeadPump,
         value: 1.0,
     };
-    let failed = client.read_back(&[SETPOINT, lead]).await;
+    let failed = client.read_back(&[SETPOINT, lead]).await.not_held;
     assert!(
         matches!(failed.as_slice(), [(s, CduError::BadAnswer { .. })] if s == &[Setting::LeadPump]),
         "{failed:?}"
@@ -401,12 +405,13 @@ async fn a_two_word_setting_that_cannot_be_read_back_is_not_taken() {
     );
     // One-word settings are read back too, each step's in one request
     // (the echo of function 6 is the request, whatever the CDU kept): not
-    // served, none of them is taken.
+    // served, they stay as their echo said, the failure reported apart.
     let mut client = tcp_client(RegisterMap::sim_cdu(), addr);
     client.write_setting(&SETPOINT).await.expect("echoed right");
-    let failed = client.read_back(&[SETPOINT]).await;
-    let [(settings, e)] = failed.as_slice() else {
-        panic!("the setpoint unknown: {failed:?}");
+    let back = client.read_back(&[SETPOINT]).await;
+    assert!(back.not_held.is_empty(), "{back:?}");
+    let [(settings, e)] = back.unread.as_slice() else {
+        panic!("the setpoint unread: {back:?}");
     };
     assert_eq!(settings, &[Setting::Setpoint]);
     assert_eq!(e.refused_code(), Some(1), "{e:?}");

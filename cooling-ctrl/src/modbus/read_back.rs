@@ -10,15 +10,32 @@
 //! step are read back together after the step's writes, one request per
 //! run of contiguous holding registers ([`CduPort::read_back`]: one for
 //! the simulated CDU's map). Both compare word for word: another value is
-//! a bad answer naming the value held, and a read-back that fails (no
-//! answer, refused, a bad answer) fails the writes it covers, since
-//! whether the CDU took them is not known. The heartbeat is not read
+//! a bad answer naming the value held. A two-word setting's read-back
+//! that fails (no answer, refused, a bad answer) fails its write. A
+//! one-word run's read-back that fails leaves its settings as their echo
+//! said, taken, and is reported apart ([`ReadBack::unread`]): a CDU that
+//! echoes function 6 but does not serve function 3 on its holding
+//! registers (or holds a write-only register in the run) would otherwise
+//! have every setting not taken every step, its lead pump's trip never
+//! judged and its setpoint never applied. The heartbeat is not read
 //! back: a CDU may count its watchdog register down or clear it, so what
 //! it holds says nothing of the write; its echo is checked.
 //!
 //! Glossary:
 //! - *held*: the words a setting's registers read back.
 use super::*;
+
+/// What a step's read-back of its one-word settings found.
+#[derive(Debug, Default)]
+pub struct ReadBack {
+    /// Settings the CDU holds another value of than written, each with
+    /// the bad answer naming both: not taken.
+    pub not_held: Vec<(Vec<Setting>, CduError)>,
+    /// Runs whose read-back failed (no answer, refused, a bad answer):
+    /// their settings stay as their echo said (taken); the failure is to
+    /// be reported as a failed read.
+    pub unread: Vec<(Vec<Setting>, CduError)>,
+}
 
 /// A one-word setting to read back: its register, the value written and
 /// its word.
@@ -116,13 +133,10 @@ impl ModbusCdu {
 
     /// Reads back the one-word settings of `writes`, one request per run
     /// of contiguous holding registers (at most 125 each): each setting
-    /// that holds another value, or whose run could not be read, with
-    /// why.
-    pub(super) async fn read_back_settings(
-        &mut self,
-        writes: &[Write],
-    ) -> Vec<(Vec<Setting>, CduError)> {
-        let mut failed = Vec::new();
+    /// that holds another value, and each run that could not be read,
+    /// with why.
+    pub(super) async fn read_back_settings(&mut self, writes: &[Write]) -> ReadBack {
+        let mut failed = ReadBack::default();
         let settings = self.one_word(writes);
         let mut rest = settings.as_slice();
         while let [first, ..] = rest {
@@ -142,9 +156,9 @@ impl ModbusCdu {
         failed
     }
 
-    /// Reads back `run` (contiguous registers) in one request, pushing
-    /// each failure onto `failed`.
-    async fn read_back_run(&mut self, run: &[OneWord], failed: &mut Vec<(Vec<Setting>, CduError)>) {
+    /// Reads back `run` (contiguous registers) in one request, adding
+    /// each failure to `failed`.
+    async fn read_back_run(&mut self, run: &[OneWord], failed: &mut ReadBack) {
         let (first, last) = (&run[0], &run[run.len() - 1]);
         let names = if run.len() == 1 {
             first.register.name.clone()
@@ -158,7 +172,11 @@ impl ModbusCdu {
         ));
         let held = match self.read_holding(op, at, run.len() as u16).await {
             Ok(held) => held,
-            Err(e) => return failed.push((run.iter().map(|o| o.setting).collect(), e)),
+            Err(e) => {
+                return failed
+                    .unread
+                    .push((run.iter().map(|o| o.setting).collect(), e))
+            }
         };
         for (o, h) in run.iter().zip(held) {
             if h == o.word {
@@ -172,7 +190,7 @@ impl ModbusCdu {
             );
             let here = format!("holding {}", r.address);
             let e = self.held_other(r, o.value, &[o.word], &[h], &here, write_op);
-            failed.push((vec![o.setting], e));
+            failed.not_held.push((vec![o.setting], e));
         }
     }
 }

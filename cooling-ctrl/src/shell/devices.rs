@@ -5,7 +5,7 @@
 //! The board's outputs are driven each on its own: a relay line that
 //! fails does not keep the beacon dark.
 use super::*;
-use crate::decide::{Plan, Write};
+use crate::decide::{Plan, Setting, Write};
 
 /// A device's failure in force, so it is said once per change of its
 /// message, and its end said.
@@ -60,6 +60,9 @@ pub(super) struct Devices<P> {
     /// A request of the read that failed while another answered.
     read_gap: Failing,
     write_error: Failing,
+    /// A read-back of the settings that failed (the settings taken on
+    /// their echo).
+    read_back_error: Failing,
     board_errors: BoardErrors,
     /// When the CDU last answered a read.
     pub(super) last_read: Option<TimestampMs>,
@@ -120,6 +123,7 @@ impl<P: CduPort> Devices<P> {
             cdu_error: Failing::default(),
             read_gap: Failing::default(),
             write_error: Failing::default(),
+            read_back_error: Failing::default(),
             board_errors: BoardErrors::default(),
             last_read: None,
             pump_faults: None,
@@ -185,16 +189,24 @@ impl<P: CduPort> Devices<P> {
             outcome.record(w.setting, r);
         }
         if held.is_none() {
-            self.read_back(plan, &mut outcome, &mut first).await;
+            self.read_back(plan, &mut outcome, &mut first, stats).await;
         }
         self.judge_writes(first, stats);
         outcome
     }
 
     /// The step's read-back of the writes that went in
-    /// ([`CduPort::read_back`]): a setting the CDU does not hold, or
-    /// whose read-back failed, is recorded as not taken.
-    async fn read_back(&mut self, plan: &Plan, outcome: &mut Outcome, first: &mut Option<String>) {
+    /// ([`CduPort::read_back`]): a setting the CDU does not hold is
+    /// recorded as not taken. A read-back that failed leaves its settings
+    /// as their echo said (taken): it is counted as a read error and
+    /// logged once per change of its text ([`Devices::judge_read_back`]).
+    async fn read_back(
+        &mut self,
+        plan: &Plan,
+        outcome: &mut Outcome,
+        first: &mut Option<String>,
+        stats: &mut ShellStats,
+    ) {
         let went_in = |w: &&Write| {
             outcome
                 .tried
@@ -205,7 +217,9 @@ impl<P: CduPort> Devices<P> {
         if went_in.is_empty() {
             return;
         }
-        for (settings, e) in self.cdu.read_back(&went_in).await {
+        let back = self.cdu.read_back(&went_in).await;
+        self.judge_read_back(&back.unread, stats);
+        for (settings, e) in back.not_held {
             let why = e.to_string();
             for s in settings {
                 first.get_or_insert_with(|| format!("{}: {why}", s.register()));
@@ -247,6 +261,32 @@ impl<P: CduPort> Devices<P> {
                     tracing::error!("cooling shell: writing the CDU's settings: {msg}");
                 }
             }
+        }
+    }
+
+    /// The read-backs of the step that failed (`unread`): counted as a
+    /// read error and logged once per change of their text, naming the
+    /// settings taken on their echo; their end said.
+    fn judge_read_back(&mut self, unread: &[(Vec<Setting>, CduError)], stats: &mut ShellStats) {
+        if unread.is_empty() {
+            if let Some(e) = self.read_back_error.worked() {
+                tracing::info!("cooling shell: the CDU's settings read back again (was: {e})");
+            }
+            return;
+        }
+        stats.cdu_read_errors += 1;
+        let msg: Vec<String> = unread.iter().map(|(_, e)| e.to_string()).collect();
+        let msg = msg.join("; ");
+        if self.read_back_error.failed(msg.clone()) {
+            let names: Vec<&str> = unread
+                .iter()
+                .flat_map(|(s, _)| s.iter().map(|s| s.register()))
+                .collect();
+            tracing::warn!(
+                "cooling shell: reading back the CDU's settings: {msg}: {} taken as their \
+                 write's echo said; whether the CDU holds them is not known",
+                names.join(", ")
+            );
         }
     }
 
@@ -449,12 +489,9 @@ mod tests {
         async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
             Ok(())
         }
-        async fn read_back(
-            &mut self,
-            written: &[Write],
-        ) -> Vec<(Vec<Setting>, crate::modbus::CduError)> {
+        async fn read_back(&mut self, written: &[Write]) -> ReadBack {
             let setpoint = written.iter().find(|w| w.setting == Setting::Setpoint);
-            setpoint
+            let not_held = setpoint
                 .filter(|w| w.value != 40.0)
                 .map(|_| {
                     let e = crate::modbus::CduError::BadAnswer {
@@ -464,7 +501,11 @@ mod tests {
                     (vec![Setting::Setpoint], e)
                 })
                 .into_iter()
-                .collect()
+                .collect();
+            ReadBack {
+                not_held,
+                ..ReadBack::default()
+            }
         }
         fn limits(&self) -> MapLimits {
             Silent::default().limits()
@@ -488,6 +529,55 @@ mod tests {
             .0
             .as_ref()
             .is_some_and(|e| e.starts_with("supply_setpoint: ")));
+    }
+
+    /// A CDU that echoes every write and refuses every read-back
+    /// (function 3 on its holding registers) with exception 1.
+    struct NoReadBack;
+
+    impl CduPort for NoReadBack {
+        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
+            Ok(CduMeasurements::default())
+        }
+        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
+            Ok(())
+        }
+        async fn read_back(&mut self, written: &[Write]) -> ReadBack {
+            let e = crate::modbus::CduError::Refused {
+                op: "read back holding 0-4 (supply_setpoint to pumps_run)".into(),
+                code: 1,
+                meaning: crate::modbus::exception_meaning(1),
+            };
+            let settings = written.iter().map(|w| w.setting).collect();
+            ReadBack {
+                unread: vec![(settings, e)],
+                ..ReadBack::default()
+            }
+        }
+        fn limits(&self) -> MapLimits {
+            Silent::default().limits()
+        }
+        fn pump_fault_bits(&self) -> [bool; 2] {
+            [true; 2]
+        }
+    }
+
+    #[test]
+    fn a_read_back_that_fails_leaves_the_settings_taken_and_is_a_read_error() {
+        let mut d = Devices::new(NoReadBack, None);
+        let mut stats = ShellStats::default();
+        for step in 1..=3 {
+            let o = run(d.write(&every_setting(), &mut stats));
+            assert!(o.all_ok(), "{:?}", o.tried);
+            let taken = o.taken();
+            assert!(taken.setpoint && taken.speed && taken.valves && taken.pumps);
+            assert_eq!((stats.cdu_write_errors, stats.cdu_read_errors), (0, step));
+        }
+        assert!(d
+            .read_back_error
+            .0
+            .as_ref()
+            .is_some_and(|e| e.contains("exception 1")));
     }
 
     #[test]
@@ -518,6 +608,7 @@ mod tests {
     }
     use crate::decide::said::Words;
     use crate::decide::{Setting, Write};
+    use crate::modbus::ReadBack;
     use crate::shell::links::Ropes;
 
     /// A board whose relay line fails and whose beacon lights.
@@ -716,6 +807,7 @@ mod tests {
             cdu_error: Failing::default(),
             read_gap: Failing::default(),
             write_error: Failing::default(),
+            read_back_error: Failing::default(),
             board_errors: BoardErrors::default(),
             last_read: None,
             pump_faults: None,
