@@ -63,6 +63,11 @@ pub(super) struct Devices<P> {
     /// A read-back of the settings that failed (the settings taken on
     /// their echo).
     read_back_error: Failing,
+    /// The last read-back that ran found a safety setting (valves, pumps
+    /// to run, lead pump) not held: why. The next step's heartbeat is not
+    /// written, so the CDU falls back to its own control while its
+    /// echoes say one thing and its registers another.
+    safety_not_held: Failing,
     board_errors: BoardErrors,
     /// When the CDU last answered a read.
     pub(super) last_read: Option<TimestampMs>,
@@ -124,6 +129,7 @@ impl<P: CduPort> Devices<P> {
             read_gap: Failing::default(),
             write_error: Failing::default(),
             read_back_error: Failing::default(),
+            safety_not_held: Failing::default(),
             board_errors: BoardErrors::default(),
             last_read: None,
             pump_faults: None,
@@ -172,14 +178,15 @@ impl<P: CduPort> Devices<P> {
     /// close goes out on the step that latches it. After the writes (unless
     /// one went unanswered), what went in is read back, one request per
     /// run of registers ([`CduPort::read_back`]): a setting the CDU does
-    /// not hold counts as not taken. The first failure is counted, and
-    /// logged whole once per change of its text.
+    /// not hold counts as not taken, and a safety setting so holds the
+    /// next step's heartbeat back (not written). The first failure is
+    /// counted, and logged whole once per change of its text.
     pub(super) async fn write(&mut self, plan: &Plan, stats: &mut ShellStats) -> Outcome {
         let mut outcome = Outcome::default();
         let mut first: Option<String> = None;
         let mut held = None;
         for w in &plan.writes {
-            if !outcome.due(w) {
+            if !outcome.due(w) || self.heartbeat_held(w) {
                 continue;
             }
             let r = self.write_one(w, &mut held).await;
@@ -219,6 +226,7 @@ impl<P: CduPort> Devices<P> {
         }
         let back = self.cdu.read_back(&went_in).await;
         self.judge_read_back(&back.unread, stats);
+        self.judge_safety_held(&back.not_held);
         for (settings, e) in back.not_held {
             let why = e.to_string();
             for s in settings {
@@ -261,6 +269,38 @@ impl<P: CduPort> Devices<P> {
                     tracing::error!("cooling shell: writing the CDU's settings: {msg}");
                 }
             }
+        }
+    }
+
+    /// Whether `w` is the heartbeat and the last read-back found a
+    /// safety setting not held: then it is not written this step.
+    fn heartbeat_held(&self, w: &Write) -> bool {
+        w.setting == Setting::Heartbeat && self.safety_not_held.0.is_some()
+    }
+
+    /// The step's settings found holding another value (`not_held`): a
+    /// safety setting among them holds the next step's heartbeat back,
+    /// said once per change of why; its end said.
+    fn judge_safety_held(&mut self, not_held: &[(Vec<Setting>, CduError)]) {
+        let unsafe_ = not_held
+            .iter()
+            .find(|(settings, _)| settings.iter().any(|s| s.safety()));
+        let Some((settings, e)) = unsafe_ else {
+            if let Some(e) = self.safety_not_held.worked() {
+                tracing::info!(
+                    "cooling shell: the CDU holds its safety settings again: the heartbeat is \
+                     written again (was: {e})"
+                );
+            }
+            return;
+        };
+        let names: Vec<&str> = settings.iter().map(|s| s.register()).collect();
+        let why = format!("{}: {e}", names.join(", "));
+        if self.safety_not_held.failed(why.clone()) {
+            tracing::error!(
+                "cooling shell: the CDU does not hold a safety setting it echoed ({why}): the \
+                 heartbeat is not written until it does, so the CDU falls back to its own control"
+            );
         }
     }
 
@@ -580,6 +620,50 @@ mod tests {
             .is_some_and(|e| e.contains("exception 1")));
     }
 
+    /// A CDU that echoes every write and holds its valves otherwise.
+    struct ValvesNotHeld;
+
+    impl CduPort for ValvesNotHeld {
+        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
+            Ok(CduMeasurements::default())
+        }
+        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
+            Ok(())
+        }
+        async fn read_back(&mut self, _: &[Write]) -> ReadBack {
+            let e = crate::modbus::CduError::BadAnswer {
+                op: "write valves_open at holding 3".into(),
+                detail: "holding 3 reads back value 0".into(),
+            };
+            ReadBack {
+                not_held: vec![(vec![Setting::Valves], e)],
+                ..ReadBack::default()
+            }
+        }
+        fn limits(&self) -> MapLimits {
+            Silent::default().limits()
+        }
+        fn pump_fault_bits(&self) -> [bool; 2] {
+            [true; 2]
+        }
+    }
+
+    #[test]
+    fn a_safety_setting_not_held_holds_the_next_heartbeat_back() {
+        let mut d = Devices::new(ValvesNotHeld, None);
+        let mut stats = ShellStats::default();
+        let beat = |o: &Outcome| o.tried.iter().any(|(s, _)| *s == Setting::Heartbeat);
+        let first = run(d.write(&every_setting(), &mut stats));
+        assert!(
+            beat(&first),
+            "found after this step's heartbeat: {:?}",
+            first.tried
+        );
+        let second = run(d.write(&every_setting(), &mut stats));
+        assert!(!beat(&second), "{:?}", second.tried);
+        assert!(!second.taken().valves);
+    }
+
     #[test]
     fn a_fault_bit_the_map_has_that_reads_no_value_refuses_the_clear() {
         // Pump A's bit is mapped and reads the CDU's "not available";
@@ -808,6 +892,7 @@ mod tests {
             read_gap: Failing::default(),
             write_error: Failing::default(),
             read_back_error: Failing::default(),
+            safety_not_held: Failing::default(),
             board_errors: BoardErrors::default(),
             last_read: None,
             pump_faults: None,
