@@ -164,16 +164,21 @@ impl Agent {
     /// they are there (a failure is said; the limits are set anyway: a
     /// cap matters more than the record of it). A GPU whose UUID is
     /// unknown has none kept (said once); one given none (`None`: never
-    /// read) keeps its record as it is.
+    /// read) keeps its record as it is. Once kept, a lost store's mark
+    /// waiting for them may clear (`super::lost_store::PendingClear`).
     pub(super) async fn keep_limits(&mut self, limits: Vec<Option<KeptLimit>>) {
         let mut records = Vec::new();
+        let mut recorded = Vec::new();
         let mut unknown = Vec::new();
         for (i, (limit, g)) in limits.into_iter().zip(&self.gpus).enumerate() {
             let Some(limit) = limit else {
                 continue;
             };
             match record(&g.info.uuid, limit) {
-                Some(Ok(r)) => records.push(r),
+                Some(Ok(r)) => {
+                    records.push(r);
+                    recorded.push(i);
+                }
                 Some(Err(e)) => tracing::error!("GPU {i}: power limits not encodable: {e}"),
                 // Its UUID is unknown: nothing is kept under a guess.
                 None => unknown.push(i),
@@ -187,7 +192,13 @@ impl Agent {
                 );
             }
         }
-        keep_records(&self.recorder, records).await;
+        if keep_records(&self.recorder, records).await {
+            // A lost store's mark waits for each GPU's first limits.
+            if let Some(pending) = self.lost_mark.as_mut() {
+                pending.limits_kept(&recorded);
+            }
+            self.clear_lost_mark_once_kept();
+        }
     }
 
     /// Sets each limit and reads it back, every GPU's at once (each

@@ -31,8 +31,8 @@
 //! health, the cooling-loss phase when known: [`keep_recovered`]); the
 //! store's lost mark is cleared while the agent runs, in order after
 //! them, once the phase is known and kept too (at the start, or once the
-//! CDU's word decides it: [`PendingClear`]); until then every start reads
-//! the store as lost. A host that manages no cooling (no CDU) has no
+//! CDU's word decides it) and each GPU's first limit read since
+//! ([`PendingClear`]); until then every start reads the store as lost. A host that manages no cooling (no CDU) has no
 //! cooling-loss action to undo: its phase is cooled where the log cannot
 //! tell.
 //!
@@ -195,23 +195,42 @@ pub(super) async fn keep_recovered(
 /// start took back is kept ([`keep_recovered`]) and the rest of what the
 /// lost store held is known and kept again: the cooling-loss phase (known
 /// at the start, or once the CDU's word decides it: kept then,
-/// `super::cooling`).
+/// `super::cooling`), and each GPU's first ceiling read after the loss
+/// (kept at once, `super::limits`): until it is, a restart must still
+/// read its kept limits as unreadable and say the limit it finds as an
+/// error (it may be a cap a lease left in force), never take it quietly
+/// for the GPU's ceiling.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PendingClear {
     /// The flash's refusals counted before the start kept anything.
     refused_before: u64,
+    /// Each GPU's: whether its limits were kept since its first read.
+    limits_kept: Vec<bool>,
 }
 
 impl PendingClear {
-    /// A clear pending since the flash had refused `refused_before` values.
-    pub(super) fn new(refused_before: u64) -> Self {
-        Self { refused_before }
+    /// A clear pending for `gpus` GPUs since the flash had refused
+    /// `refused_before` values.
+    pub(super) fn new(refused_before: u64, gpus: usize) -> Self {
+        Self {
+            refused_before,
+            limits_kept: vec![false; gpus],
+        }
+    }
+
+    /// The GPUs `kept` have their limits, read since the loss, in flash.
+    pub(super) fn limits_kept(&mut self, kept: &[usize]) {
+        for &i in kept {
+            if let Some(k) = self.limits_kept.get_mut(i) {
+                *k = true;
+            }
+        }
     }
 
     /// Whether everything is kept that the mark waits for, the phase
     /// known (`cooling_unknown`: not yet).
     pub(super) fn ready(&self, cooling_unknown: bool) -> bool {
-        !cooling_unknown
+        !cooling_unknown && self.limits_kept.iter().all(|&k| k)
     }
 }
 
@@ -267,9 +286,9 @@ impl super::Agent {
         match keep_recovered(&self.recorder, refused_before, &unkept, items).await {
             Ok(()) => {
                 tracing::warn!(
-                    "the config store lost: what was taken back (GPU health, the cooling-loss phase when known) is kept again; the store's lost mark clears once the cooling-loss phase is known and kept"
+                    "the config store lost: what was taken back (GPU health, the cooling-loss phase when known) is kept again; the store's lost mark clears once the cooling-loss phase is known and kept, and each GPU's first power limit read"
                 );
-                self.lost_mark = Some(PendingClear::new(refused_before));
+                self.lost_mark = Some(PendingClear::new(refused_before, self.gpus.len()));
                 self.clear_lost_mark_once_kept();
             }
             Err(e) => tracing::error!("{e}"),

@@ -1409,16 +1409,19 @@ mod tests {
     /// After a start from the flash at `path` (`stores`) that found the
     /// config store lost (`node`, `undone`, on the GPUs `uuids`): what the
     /// agent keeps (the health states taken back, the cooling-loss phase
-    /// when known: `keep_recovered`), then, where `clear` and its pending
-    /// clear is ready, the lost mark cleared. Whether it was.
+    /// when known: `keep_recovered`); then, where `read` (each GPU's limit
+    /// read, at 450 W), the limits the node keeps after that first read;
+    /// and the lost mark cleared where its pending clear is ready. Whether
+    /// it was.
     fn keep_after_loss(
         stores: loopwarden_store::agent_flash::Stores,
         path: &std::path::Path,
-        (node, undone): (&Node, &super::super::Undone),
+        (node, undone): (&mut Node, &super::super::Undone),
         uuids: [&str; 3],
-        clear: bool,
+        read: bool,
     ) -> bool {
         use super::super::lost_store::{clear_mark, keep_recovered, PendingClear};
+        use node_core::node::{Effect, Input, Now};
         let r = loopwarden_store::recorder::Recorder::start(stores.log, stores.store, Some(path))
             .unwrap();
         let before = r.refused();
@@ -1433,13 +1436,77 @@ mod tests {
             .then(|| super::super::cooling::phase_items(undone.phase, &undone.steps));
         let kept = futures::executor::block_on(keep_recovered(&r, before, &[], items));
         assert!(kept.is_ok(), "{kept:?}");
-        let pending = PendingClear::new(before);
-        let cleared = clear && pending.ready(node.cooling_unknown());
+        let mut pending = PendingClear::new(before, uuids.len());
+        if read {
+            let now = Now::at(SINCE + 10_000);
+            node.step(now, Input::Start);
+            let found = vec![Ok(Watts(450)); 3];
+            for e in node.step(now, Input::LimitsRead(&found)) {
+                let Effect::KeepLimits(limits) = e else {
+                    continue;
+                };
+                let mut records = Vec::new();
+                let mut kept = Vec::new();
+                for (i, limit) in limits.into_iter().enumerate() {
+                    let Some(limit) = limit else { continue };
+                    let record = super::super::limits::record(uuids[i], limit).unwrap();
+                    records.push(record.unwrap());
+                    kept.push(i);
+                }
+                futures::executor::block_on(r.set_all_sync(records)).unwrap();
+                pending.limits_kept(&kept);
+            }
+        }
+        let cleared = pending.ready(node.cooling_unknown());
         if cleared {
             futures::executor::block_on(clear_mark(&r, pending)).unwrap();
         }
         futures::executor::block_on(r.flush());
         cleared
+    }
+
+    /// The config store lost on a host with a lease's cap (say 350 W)
+    /// left on its GPUs, and a start that kept what it took back but
+    /// stopped before the GPUs' limits were first read: the next start
+    /// still reads the store as lost, its kept limits unreadable, and
+    /// says the limit found as an error (it may be a leftover cap), never
+    /// takes it quietly for the ceiling. Once each GPU's first limit is
+    /// read and kept, the mark clears.
+    #[test]
+    fn a_lost_store_stays_marked_until_each_gpus_first_ceiling_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let logged = health_changes(&[(1, Healthy, Quarantined, ReasonCode::DBE_VOLATILE)]);
+        lost_after(&path, &logged);
+        // A start whose limits are read (`read`) before the clear, or not;
+        // the errors said at the first read of a node started alike.
+        let start = |read: bool| {
+            let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+            let lost = stores.config_lost;
+            let (mut node, undone) =
+                restored_with(&mut stores.store, [X, A, B], &mut stores.log, lost);
+            let mut twin = restored_with(&mut stores.store, [X, A, B], &mut stores.log, lost).0;
+            let said = first_read(&mut twin, 350);
+            let cleared =
+                lost && keep_after_loss(stores, &path, (&mut node, &undone), [X, A, B], read);
+            (lost, said, cleared)
+        };
+        let (lost, _, cleared) = start(false);
+        assert!(lost && !cleared, "no limit read: the mark stays");
+        let (lost, said, cleared) = start(true);
+        assert!(
+            lost,
+            "the limits were never read: the store is read as lost"
+        );
+        for i in 0..3 {
+            let unreadable =
+                |l: &String| l.starts_with(&format!("GPU {i}:")) && l.contains("unreadable");
+            assert!(said.iter().any(unreadable), "GPU {i}: {said:?}");
+        }
+        assert!(cleared, "each GPU's first limit kept: the mark clears");
+        let (lost, said, _) = start(false);
+        assert!(!lost, "the limits read were kept");
+        assert!(!said.iter().any(|l| l.contains("unreadable")), "{said:?}");
     }
 
     /// A start that found the config store lost and stopped before it
@@ -1462,16 +1529,17 @@ mod tests {
         let (node, _) = lost_after(&path, &logged);
         assert_eq!(node.health().status(1).unwrap().state, Quarantined);
         let state = |node: &Node| node.health().status(1).unwrap().state;
-        // `None`: stopped before keeping anything; `Some(clear)`: kept,
-        // the mark cleared or not.
+        // `None`: stopped before keeping anything; `Some(read)`: kept,
+        // each GPU's limit read and kept or not, so the mark cleared or not.
         let restart = |keep: Option<bool>| {
             let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
             let lost = stores.config_lost;
-            let (node, undone) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, lost);
-            if let Some(clear) = keep {
+            let (mut node, undone) =
+                restored_with(&mut stores.store, [X, A, B], &mut stores.log, lost);
+            if let Some(read) = keep {
                 assert!(!node.cooling_unknown(), "no CDU: cooled");
-                let cleared = keep_after_loss(stores, &path, (&node, &undone), [X, A, B], clear);
-                assert_eq!(cleared, clear);
+                let cleared = keep_after_loss(stores, &path, (&mut node, &undone), [X, A, B], read);
+                assert_eq!(cleared, read);
             }
             (lost, node)
         };
@@ -1517,14 +1585,14 @@ mod tests {
         assert!(stores.config_lost);
         let oldest = futures::executor::block_on(stores.log.oldest()).unwrap();
         assert!(oldest.is_some_and(|s| s > 0), "{oldest:?}");
-        let (node, undone) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, true);
+        let (mut node, undone) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, true);
         assert_eq!(undone.unreadable, vec![0, 1, 2], "the store lost");
         assert!(!node.cooling_unknown(), "no CDU: cooled");
         let taken_back = node.gpu_health(0);
         assert!(keep_after_loss(
             stores,
             &path,
-            (&node, &undone),
+            (&mut node, &undone),
             [X, A, B],
             true
         ));
