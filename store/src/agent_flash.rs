@@ -357,7 +357,7 @@ async fn lost(store: &mut ConfigStore<Flash>, name: &str, found: bool) -> bool {
         Ok(Some(1)) if b[0] == CLEARED => false,
         Ok(_) => {
             tracing::error!(
-                "{name}: the config store was found lost by an earlier start, which stopped before what it recovered (GPU health, the cooling-loss phase) was kept again: it is read as lost again (what was kept is unknown, never nothing kept)"
+                "{name}: the config store was found lost by an earlier start, and no start since has kept again all it took back (on a host: GPU health, the cooling-loss phase, each GPU's first power limit read; on a controller: the latched state; the mark is cleared only once all are): it is read as lost again (what was kept is unknown, never nothing kept)"
             );
             true
         }
@@ -450,7 +450,7 @@ fn unreadable_message(name: &str, what: &str, e: &str) -> String {
         _ => "it runs in memory: frames that waited in it are not sent, and frames that wait from now on are lost at exit",
     };
     format!(
-        "{name}: {what} unreadable ({e}): {then}; the file is left as it was, as evidence: move it away to start empty (the agent stopped; `lwbus flash {name}` reads what still reads of it)"
+        "{name}: {what} unreadable ({e}): {then}; the file is left as it was, as evidence: move it away to start empty (the agent stopped; `lwbus flash {name}` reads what still reads of it), knowing that a blank file keeps nothing of before: on a host, a GPU quarantined in the old file's event log starts healthy, so drain the GPUs this run shows quarantined (`ctl gpus`) before"
     )
 }
 
@@ -905,6 +905,10 @@ mod tests {
         assert!(
             said.contains("move it away to start empty") && said.contains("lwbus flash zero.flash"),
             "{said}"
+        );
+        assert!(
+            said.contains("quarantined") && said.contains("`ctl gpus`"),
+            "a blank file's cost unsaid: {said}"
         );
     }
 
