@@ -272,7 +272,7 @@ pub struct CommandCore {
     /// The floor of the commands taken from each sender: its highest seq
     /// and latest stamp ([`ReplayFloor`]; see [`CommandCore::replayed`]).
     floors: HashMap<NodeId, ReplayFloor>,
-    /// When this host started (wall clock), if it was said: the start
+    /// When this host started (steady time), if it was said: the start
     /// floor, what a sender with no floor kept signed before it is a
     /// replay ([`CommandCore::set_started`]).
     started: Option<TimestampMs>,
@@ -335,13 +335,16 @@ impl CommandCore {
         self.wall_offset = wall_minus_steady_ms;
     }
 
-    /// Tells the core when this host started (wall clock): what a sender
+    /// Tells the core when this host started, in steady time (the wall
+    /// clock at the start, where steady time is anchored): what a sender
     /// with no floor kept from before ([`CommandCore::restore_replay_floor`])
     /// signed before it is a replay (its state volatile, or its
     /// floor's record unreadable: a command taken before the restart,
     /// captured and sent again while fresh, is refused). Its commands
     /// stamped at the start or after are taken by the floor they raise,
-    /// as any.
+    /// as any. A stamp is compared with it in steady time, so a step of
+    /// the wall clock since ([`CommandCore::set_wall_offset`]) moves the
+    /// start with it.
     pub fn set_started(&mut self, started: TimestampMs) {
         self.started = Some(started);
     }

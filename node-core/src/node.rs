@@ -156,7 +156,8 @@ pub struct Setup {
     pub cooling_grace_ms: u64,
     /// The CDU's state this host listens to.
     pub coolant: Option<CoolantSource>,
-    /// When the agent started (wall clock): also the replay floor of a
+    /// When the agent started, in steady time (the wall clock at the
+    /// start, where steady time is anchored): also the replay floor of a
     /// signer with none kept ([`CommandCore::set_started`]).
     pub started: TimestampMs,
 }

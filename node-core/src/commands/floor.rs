@@ -26,7 +26,10 @@
 //! - *start floor*: this host's start ([`CommandCore::set_started`]), the
 //!   floor of a sender with none kept from before it (state volatile, a
 //!   record unreadable): every command it stamped before the start is
-//!   a replay, whatever its seq, for as long as the host runs.
+//!   a replay, whatever its seq, for as long as the host runs. It is
+//!   kept in steady time and a stamp is turned into steady time to be
+//!   compared with it, so a step of this host's wall clock since the
+//!   start (booted ahead, then set right by NTP) moves it too.
 
 use loopwarden_protocol::{AckCode, Frame, NodeId, ReplayFloor, TimestampMs};
 
@@ -108,11 +111,15 @@ impl CommandCore {
         if self.kept.contains(&frame.sender) {
             return None;
         }
-        let started = self.started.filter(|s| frame.time < *s)?;
-        // Said first: an ack's detail holds 96 bytes.
+        // On steady time: a step of this host's clock since its start
+        // (one booted ahead, then set right) moves the start with it.
+        let started = self.started.filter(|s| self.steady(frame.time) < *s)?;
+        // Said first: an ack's detail holds 96 bytes. The start as this
+        // host's wall clock now gives it, to be read against the stamp.
         let below = format!(
             "signed before this host's start (no floor kept): stamp {}, start {}",
-            frame.time.0, started.0
+            frame.time.0,
+            started.0.saturating_add_signed(self.wall_offset)
         );
         Some(replay(now, frame, below))
     }
@@ -380,6 +387,44 @@ mod tests {
         kept.set_started(TimestampMs(t));
         kept.restore_replay_floor(&before.sender, ReplayFloor::new(6, TimestampMs(t - 90_000)));
         let v = kept.command(TimestampMs(t + 1_000), &before);
+        assert_eq!(v.code, AckCode::Ok, "{}", v.detail);
+    }
+
+    /// The start floor is kept in steady time: a host that started with
+    /// its clock an hour ahead (its RTC in local time, a VM resumed),
+    /// then stepped back, takes a command its signer stamped after the
+    /// start at once; one that started an hour behind, then stepped
+    /// forward, still refuses what was signed before its start.
+    #[test]
+    fn the_start_floor_follows_a_step_of_this_hosts_clock() {
+        let t = 1_800_000_000_000;
+        let all = [(GpuSelector::All, 400)];
+        let hour: u64 = 3_600_000;
+        let mut ahead = core();
+        ahead.set_started(TimestampMs(t));
+        ahead.set_wall_offset(-(hour as i64));
+        let f = lease_frame(7, t - hour + 10_000, &all, 30_000);
+        let v = ahead.command(TimestampMs(t - hour + 10_500), &f);
+        assert_eq!(v.code, AckCode::Ok, "{}", v.detail);
+        let before = lease_frame(8, t - hour - 1, &all, 30_000);
+        let v = ahead.command(TimestampMs(t - hour + 10_500), &before);
+        assert_eq!(v.code, AckCode::Replayed, "{}", v.detail);
+        let mut behind = core();
+        behind.set_started(TimestampMs(t));
+        behind.set_wall_offset(hour as i64);
+        let before = lease_frame(7, t + hour - 60_000, &all, 600_000);
+        let v = behind.command(TimestampMs(t + hour + 1_000), &before);
+        assert_eq!(v.code, AckCode::Replayed, "{}", v.detail);
+        assert_eq!(
+            v.detail,
+            format!(
+                "signed before this host's start (no floor kept): stamp {}, start {}",
+                t + hour - 60_000,
+                t + hour
+            )
+        );
+        let after = lease_frame(8, t + hour, &all, 30_000);
+        let v = behind.command(TimestampMs(t + hour + 1_000), &after);
         assert_eq!(v.code, AckCode::Ok, "{}", v.detail);
     }
 
