@@ -303,9 +303,19 @@ fn remedy(
 /// longest span of input registers (request 8, answer 5 and 2 a
 /// register), or a setting's write (a one-word write 8 and its echo 8; a
 /// two-word write 9 and 2 a word, its echo 8; its read back 8 and 5 and
-/// 2 a word, no more than its write).
+/// 2 a word, no more than its write), or the read-back of a run of
+/// one-word settings (request 8, answer 5 and 2 a register: `read_back`).
 fn longest_exchange(map: &RegisterMap) -> (usize, String) {
     let regs: std::vec::Vec<_> = map.registers().collect();
+    let read_back = longest_read_back(map).map(|(start, n)| {
+        let what = format!(
+            "the read-back of holding {start}-{} ({n} settings: a request of 8 characters, \
+             an answer of {})",
+            u32::from(start) + u32::from(n) - 1,
+            5 + 2 * usize::from(n)
+        );
+        (13 + 2 * usize::from(n), what)
+    });
     let read = input_spans(regs.iter().copied())
         .into_iter()
         .map(|s| {
@@ -334,11 +344,39 @@ fn longest_exchange(map: &RegisterMap) -> (usize, String) {
         })
         .max_by_key(|(chars, _)| *chars);
     let none = (0, "no request".into());
-    match (read, write) {
-        (Some(r), Some(w)) if w.0 > r.0 => w,
-        (Some(r), _) => r,
-        (None, w) => w.unwrap_or(none),
+    [read, write, read_back]
+        .into_iter()
+        .flatten()
+        .fold(none, |most, e| if e.0 > most.0 { e } else { most })
+}
+
+/// The longest run of contiguous one-word settings the controller reads
+/// back in one request after a step's writes (the heartbeat left out; at
+/// most 125): its first address and its count.
+fn longest_read_back(map: &RegisterMap) -> Option<(u16, u16)> {
+    let mut at: std::vec::Vec<u16> = crate::modbus::SETTING_REGISTERS
+        .iter()
+        .filter(|n| **n != "heartbeat")
+        .filter_map(|n| map.get(n))
+        .filter(|r| r.kind == Kind::Holding && r.ty.words() == 1)
+        .map(|r| r.address)
+        .collect();
+    at.sort_unstable();
+    at.dedup();
+    let mut best: Option<(u16, u16)> = None;
+    let mut run: Option<(u16, u16)> = None;
+    for a in at {
+        run = match run {
+            Some((start, n)) if u32::from(a) == u32::from(start) + u32::from(n) && n < 125 => {
+                Some((start, n + 1))
+            }
+            _ => Some((a, 1)),
+        };
+        if run.map(|r| r.1) > best.map(|b| b.1) {
+            best = run;
+        }
     }
+    best
 }
 
 #[cfg(test)]
@@ -369,6 +407,43 @@ mod tests {
             "{e}"
         );
         assert!(from("serial_data_bits = 8\n").is_ok());
+    }
+
+    /// A map whose input spans are short: the read-back of its settings
+    /// at holding 0-4 (a request of 8 characters, an answer of 15) is
+    /// its longest exchange, longer than any write (16).
+    #[test]
+    fn the_read_back_of_the_settings_counts_in_the_longest_exchange() {
+        let mut text = String::from("model = \"m\"\nword_order = \"high_first\"\nunit_id = 1\n");
+        let regs = [
+            ("pump_a_running", "input", 0),
+            ("pump_b_running", "input", 100),
+            ("supply_setpoint", "holding", 0),
+            ("pump_speed", "holding", 1),
+            ("lead_pump", "holding", 2),
+            ("valves_open", "holding", 3),
+            ("pumps_run", "holding", 4),
+            ("heartbeat", "holding", 5),
+        ];
+        for (name, kind, address) in regs {
+            let range = if kind == "holding" {
+                "min = 0.0\nmax = 100.0\n"
+            } else {
+                ""
+            };
+            text += &format!(
+                "[[register]]\nname = \"{name}\"\nkind = \"{kind}\"\naddress = {address}\n\
+                 type = \"u16\"\nscale = 1.0\nunit = \"\"\ndescription = \"x\"\n{range}"
+            );
+        }
+        let map = loopwarden_boards::modbus_map::RegisterMap::from_toml(&text, "test map")
+            .expect("a valid map");
+        let (chars, what) = super::longest_exchange(&map);
+        assert_eq!(chars, 23, "{what}");
+        assert!(
+            what.starts_with("the read-back of holding 0-4 (5 settings"),
+            "{what}"
+        );
     }
 
     /// The simulated CDU's longest exchange is its read of input 10-20:
