@@ -84,6 +84,12 @@ pub struct GpuSample {
     /// (with the slow counters); `None`: never read (not supported, or an
     /// older driver).
     pub recovery_action: Option<u8>,
+    /// The slow counters (retired pages, the row-remap flags, the PCIe
+    /// replay counter, the recovery action, energy, the aggregate ECC
+    /// counts, the per-link NVLink counters) are as last read at an
+    /// earlier sample, not read in this one; `false` (the default): read
+    /// in this one, as a source that reads every field every sample does.
+    pub slow_held: bool,
 }
 
 /// An XID the driver reported.

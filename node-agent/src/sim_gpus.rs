@@ -280,6 +280,8 @@ impl TwinHost {
             nvlink: g.nvlink,
             nvlink_links: Default::default(),
             recovery_action: Some(g.recovery_action),
+            // Every counter is read at every sample.
+            slow_held: false,
         })
     }
 

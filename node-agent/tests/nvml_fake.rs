@@ -108,6 +108,8 @@ fn healthy_gpu_sample_maps_every_field() {
         // No link answers on its own: the totals stand.
         nvlink_links: Default::default(),
         recovery_action: Some(0),
+        // The first sample reads the slow counters.
+        slow_held: false,
     };
     assert_eq!(sample, expected);
 }

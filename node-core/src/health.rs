@@ -122,6 +122,12 @@ pub struct Observation {
     /// and judge no GPU on clocks or clock-event reasons it does not
     /// know.
     pub unknown: Unsupported,
+    /// The slow counters (retired pages, the row-remap flags, PCIe
+    /// replays, the recovery action) are as last read at an earlier
+    /// sample, not read in this one (`false`, the default: read now, as
+    /// in a trace, where every counter is fresh). The PCIe replay rate is
+    /// counted between the samples that read the counter (`rules`).
+    pub slow_held: bool,
 }
 
 /// Links whose error counters are read one by one.

@@ -202,6 +202,7 @@ impl<A: NvmlApi> NvmlGpu<A> {
             self.link_fields(&mut s)?;
         }
         self.hold(&mut s, slow, (slow || links) && totals);
+        s.slow_held = !slow;
         s.unsupported = s.unsupported | self.held.unknown | self.unsupported();
         zero_unsupported(&mut s);
         self.since_slow = Some(if slow { 0 } else { prior.map_or(0, |n| n + 1) });

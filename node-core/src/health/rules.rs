@@ -8,28 +8,35 @@
 //! NVLink CRC errors).
 //!
 //! Glossary:
-//! - *window*: a counter's recent values, for its increase over a
-//!   trailing span ([`Window`]), counted from the newest value at least
-//!   the span old and scaled to the span when that is older
-//!   ([`Increase`]).
+//! - *window*: a counter's recent values as read, for its increase over a
+//!   trailing span ([`Window`]): from the newest value read at least the
+//!   span before the newest read, scaled to the span by the time between
+//!   those two reads when that is longer ([`Increase`]). A counter read
+//!   every sample (corrected ECC, NVLink CRC) has a point at every
+//!   sample, counted back from the sample; the PCIe replay counter, read
+//!   with the slow counters, only at the samples that read it
+//!   ([`Observation::slow_held`]): a minute's count of a counter read
+//!   every 35 s is the count between reads 70 s apart, scaled by 60/70,
+//!   never a count of one read more or fewer than the minute holds.
 //! - *streak*: how long a condition has held ([`Streak`]).
 
 use std::collections::VecDeque;
 
-use loopwarden_protocol::{HealthState, ReasonCode};
+use loopwarden_protocol::{HealthState, ReasonCode, Unsupported};
 
 use super::{At, HealthEngine, Observation, Output};
 
-/// A counter's recent values, for rates over a trailing window.
+/// A counter's recent values as read, for rates over a trailing window.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Window {
     points: VecDeque<(u64, u64)>,
 }
 
-/// A counter's increase over a trailing span: `count` over the last
-/// `over` ms, from the newest point at least the span old. `over` exceeds
-/// the span when the samples do not fall on it (a period that does not
-/// divide it, a gap); it is shorter while the window fills.
+/// A counter's increase over a trailing span: `count` over the `over` ms
+/// between the newest point and the newest point at least the span
+/// before it. `over` exceeds the span when the reads do not fall on it (a
+/// period or a read interval that does not divide it, a gap); it is
+/// shorter while the window fills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Increase {
     count: u64,
@@ -67,8 +74,9 @@ impl Increase {
 }
 
 impl Window {
-    /// Adds a point and returns the increase over the last `span` ms (from
-    /// the oldest point at least `span` old, else the oldest kept).
+    /// Adds a point, the counter `v` read at `t`, keeps what the last
+    /// `span` ms before it need, and returns the increase over them (as
+    /// [`Window::increase_over`] counts).
     fn push(&mut self, t: u64, v: u64, span: u64) -> Increase {
         // A counter that went down was reset (driver reload), or the clock
         // stepped back: start again.
@@ -83,14 +91,14 @@ impl Window {
         while self.points.len() > 2 && t.saturating_sub(self.points[1].0) >= span {
             self.points.pop_front();
         }
-        self.increase_over(t, span)
+        self.increase_over(span)
     }
 
-    /// The increase at `t` over the last `span` ms, at most the span
-    /// pushed with: from the newest point at least `span` old, else the
-    /// oldest kept (as [`Window::push`] counts).
-    fn increase_over(&self, t: u64, span: u64) -> Increase {
-        let Some(&(_, last)) = self.points.back() else {
+    /// The increase over the last `span` ms read (at most the span pushed
+    /// with): from the newest point at least `span` before the newest,
+    /// else the oldest kept, to the newest, over the time between them.
+    fn increase_over(&self, span: u64) -> Increase {
+        let Some(&(t, last)) = self.points.back() else {
             return Increase { count: 0, over: 0 };
         };
         // Points run oldest first: those at least `span` old come first.
@@ -302,7 +310,12 @@ impl HealthEngine {
     /// ends once the rate over its sustain time is down to the limit, so
     /// a lull between bursts does not end it while the bursts keep the
     /// average above the limit; for ECC and CRC errors, whose sustain is
-    /// the minute the rate is read over, that is the minute's rate.
+    /// the minute the rate is read over, that is the minute's rate. The
+    /// PCIe replay counter is read with the slow counters: its window
+    /// takes a point only from a sample that read it (or one that does not
+    /// know it, whose held value is pushed as before: its rate falls away,
+    /// never held above the limit on values not known), so its rates are
+    /// counted between reads; the streak still runs in the samples' time.
     pub(super) fn sustained_rates(
         &mut self,
         t: u64,
@@ -313,11 +326,13 @@ impl HealthEngine {
         let p = self.policy;
         let when = At(self.stamp(t));
         let tr = &mut self.gpus[g];
-        // One window for both spans of PCIe replays.
-        tr.pcie
-            .push(t, o.pcie_replay, p.pcie_sustain_ms.max(60_000));
-        let pcie_min = tr.pcie.increase_over(t, 60_000);
-        let pcie_sustained = tr.pcie.increase_over(t, p.pcie_sustain_ms);
+        // One window for both spans of PCIe replays, of the values read.
+        if !o.slow_held || o.unknown.contains(Unsupported::PCIE) {
+            tr.pcie
+                .push(t, o.pcie_replay, p.pcie_sustain_ms.max(60_000));
+        }
+        let pcie_min = tr.pcie.increase_over(60_000);
+        let pcie_sustained = tr.pcie.increase_over(p.pcie_sustain_ms);
         let sbe_min = tr.sbe.push(t, o.sbe_volatile, 60_000);
         let crc_min = tr.crc.push(t, o.nvlink_crc, 60_000);
         let pcie_for = tr.pcie_high.update(

@@ -2,7 +2,8 @@
 //! every sample (its NVML schedule). [`SlowCounters`] turns a trace's
 //! observations, where every counter is fresh at every sample, into what
 //! the engine sees live: retired pages, the row-remap flags, the PCIe
-//! replay counter and the recovery action as last read, read again once
+//! replay counter and the recovery action as last read (the sample marked
+//! [`Observation::slow_held`]), read again once
 //! `every_ms` has passed
 //! since the last read, and at once at the first sample after the GPU's
 //! volatile ECC counts moved or it reported an XID (a page is retired, a
@@ -74,6 +75,7 @@ impl SlowCounters {
                 seen.remap_failure = held.remap_failure;
                 seen.pcie_replay = held.pcie_replay;
                 seen.recovery_action = held.recovery_action;
+                seen.slow_held = true;
                 seen
             }
             _ => {
@@ -102,6 +104,7 @@ mod tests {
         let seen = s.read(10_000, 0, &o(10_000));
         assert_eq!(seen.pcie_replay, 0, "held");
         assert!(!seen.remap_pending, "held");
+        assert!(seen.slow_held, "said held");
         assert_eq!(seen.nvlink_replay, 10, "fast");
         assert_eq!(seen.temp, 70.0, "fast");
         assert_eq!(s.read(30_000, 0, &o(30_000)), o(30_000), "read again");

@@ -165,6 +165,8 @@ impl Sample {
             recovery_action: 0,
             nvlink_links: Default::default(),
             unknown: Default::default(),
+            // A trace reads every counter at every sample.
+            slow_held: false,
         }
     }
 }
