@@ -29,7 +29,8 @@
 //! map's range); [`ModbusCdu::write`] writes a whole [`CduSettings`] for
 //! tools, every value checked against the map before the first request
 //! goes out, and when one fails after others went in the error names both
-//! ([`CduError::Partial`]). A write is done only when the CDU's answer
+//! ([`CduError::Partial`]); its read-back names every setting found
+//! not held or not read back ([`CduError::ReadBack`]). A write is done only when the CDU's answer
 //! echoes it (the register and the value; for two words the first
 //! register and the count) and its registers read back (function 3) hold
 //! what was written: neither echo shows what the CDU kept (function 6's
@@ -715,16 +716,7 @@ impl ModbusCdu {
             }
         }
         let back = self.read_back(&writes).await;
-        let Some((settings, cause)) = back.not_held.into_iter().chain(back.unread).next() else {
-            return Ok(());
-        };
-        let failed = settings[0].register();
-        Err(CduError::Partial {
-            written: names.into_iter().filter(|n| *n != failed).collect(),
-            failed,
-            not_tried: Vec::new(),
-            cause: Box::new(cause),
-        })
+        read_back::whole_write(names, back)
     }
 }
 

@@ -313,8 +313,10 @@ const SETPOINT: Write = Write {
 async fn a_one_word_setting_the_cdu_clamps_is_a_bad_answer() {
     // The CDU clamps the setpoint to 40 °C (raw 4000) and echoes the
     // write as the specification asks: holding 0 = 4200, the value sent.
+    // It holds lead pump A (0) whatever is written.
     let clamps: Keep = Some(|a, w| match (a, w) {
         (0, [_]) => vec![4000],
+        (2, [_]) => vec![0],
         _ => w.to_vec(),
     });
     let addr = serve_keeping(right_echo, clamps).await;
@@ -346,19 +348,38 @@ async fn a_one_word_setting_the_cdu_clamps_is_a_bad_answer() {
         "the CDU echoed the write, but holding 0 reads back value 40 °C (raw 0x0fa0), \
          not the value 42 °C (raw 0x1068) written: it clamped the value or did not take it"
     );
-    // A whole write stops there, naming what went in.
+    // A whole write names every setting not held, each with its cause.
     let e = client.write(&SETTINGS).await.unwrap_err();
-    assert_bad_echo(
-        &e,
-        &[
-            "valves_open",
-            "pumps_run",
-            "lead_pump",
-            "pump_speed",
-            "heartbeat",
-        ],
-        "supply_setpoint",
-        "reads back value 40 °C",
+    let CduError::ReadBack {
+        written,
+        failed,
+        not_known,
+        causes,
+    } = &e
+    else {
+        panic!("not a read-back failure: {e:?}");
+    };
+    assert_eq!(
+        written,
+        &["valves_open", "pumps_run", "pump_speed", "heartbeat"]
+    );
+    assert_eq!(failed, &["lead_pump", "supply_setpoint"]);
+    assert!(not_known.is_empty(), "{e}");
+    assert_eq!(causes.len(), 2, "{e}");
+    for (cause, name) in causes.iter().zip(["lead_pump", "supply_setpoint"]) {
+        assert!(
+            cause
+                .to_string()
+                .starts_with(&format!("write {name} at holding")),
+            "{cause}"
+        );
+    }
+    assert!(
+        e.to_string().starts_with(
+            "wrote valves_open, pumps_run, pump_speed, heartbeat; lead_pump, supply_setpoint \
+             read back another value; none not read back (taken as echoed): write lead_pump"
+        ),
+        "{e}"
     );
     // A CDU that holds what it is sent: taken.
     let addr = serve_keeping(right_echo, AS_SENT).await;
@@ -417,6 +438,15 @@ async fn a_two_word_setting_that_cannot_be_read_back_is_not_taken() {
     assert_eq!(e.refused_code(), Some(1), "{e:?}");
     let e = client.write(&SETTINGS).await.unwrap_err();
     assert_eq!(e.refused_code(), Some(1), "{e:?}");
+    // Every setting the run holds is named as not known, and taken.
+    assert!(
+        e.to_string().starts_with(
+            "wrote valves_open, pumps_run, lead_pump, pump_speed, supply_setpoint, heartbeat; \
+             none read back another value; valves_open, pumps_run, lead_pump, pump_speed, \
+             supply_setpoint not read back (taken as echoed): "
+        ),
+        "{e}"
+    );
     assert!(
         e.to_string().contains(&format!(
             "read back holding 0-4 (supply_setpoint to pumps_run) of unit 1 on Modbus TCP {addr}: \

@@ -84,6 +84,32 @@ pub enum CduError {
         #[source]
         cause: Box<CduError>,
     },
+    /// A write of several settings, every one echoed, whose read-back
+    /// found some holding another value (`failed`: not taken) or could
+    /// not be read (`not_known`: taken as their echo said, unverified).
+    #[error(
+        "wrote {}; {} read back another value; {} not read back (taken as echoed): {}",
+        list(.written),
+        list(.failed),
+        list(.not_known),
+        said(.causes)
+    )]
+    ReadBack {
+        /// Settings (register names) the CDU took, those not read back
+        /// among them.
+        written: Vec<&'static str>,
+        /// Settings that read back another value than written.
+        failed: Vec<&'static str>,
+        /// Settings whose read-back failed.
+        not_known: Vec<&'static str>,
+        /// Each failure, in the order of the settings.
+        causes: Vec<CduError>,
+    },
+}
+
+fn said(causes: &[CduError]) -> String {
+    let said: Vec<String> = causes.iter().map(ToString::to_string).collect();
+    said.join("; ")
 }
 
 fn list(names: &[&str]) -> String {
@@ -95,10 +121,12 @@ fn list(names: &[&str]) -> String {
 }
 
 impl CduError {
-    /// The failure itself: the cause of a [`CduError::Partial`], else this.
+    /// The failure itself: the cause of a [`CduError::Partial`], the
+    /// first of a [`CduError::ReadBack`], else this.
     pub fn root(&self) -> &CduError {
         match self {
             Self::Partial { cause, .. } => cause.root(),
+            Self::ReadBack { causes, .. } => causes.first().map_or(self, CduError::root),
             other => other,
         }
     }

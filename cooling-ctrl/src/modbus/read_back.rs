@@ -37,6 +37,46 @@ pub struct ReadBack {
     pub unread: Vec<(Vec<Setting>, CduError)>,
 }
 
+/// The outcome of a whole write ([`ModbusCdu::write`]) of the settings
+/// `names`, every one echoed right, whose read-back found `back`: every
+/// setting of every failure is named, those holding another value as
+/// failed (not taken), those not read back as not known (taken as their
+/// echo said).
+pub(super) fn whole_write(names: Vec<&'static str>, back: ReadBack) -> Result<(), CduError> {
+    if back.not_held.is_empty() && back.unread.is_empty() {
+        return Ok(());
+    }
+    let named = |failures: &[(Vec<Setting>, CduError)]| -> Vec<&'static str> {
+        let set: Vec<&str> = failures
+            .iter()
+            .flat_map(|(s, _)| s.iter().map(|s| s.register()))
+            .collect();
+        names.iter().copied().filter(|n| set.contains(n)).collect()
+    };
+    let failed = named(&back.not_held);
+    let not_known = named(&back.unread);
+    let mut causes: Vec<(Option<usize>, CduError)> = back
+        .not_held
+        .into_iter()
+        .chain(back.unread)
+        .map(|(s, e)| {
+            (
+                names
+                    .iter()
+                    .position(|n| s.iter().any(|s| s.register() == *n)),
+                e,
+            )
+        })
+        .collect();
+    causes.sort_by_key(|(at, _)| *at);
+    Err(CduError::ReadBack {
+        written: names.into_iter().filter(|n| !failed.contains(n)).collect(),
+        failed,
+        not_known,
+        causes: causes.into_iter().map(|(_, e)| e).collect(),
+    })
+}
+
 /// A one-word setting to read back: its register, the value written and
 /// its word.
 struct OneWord {

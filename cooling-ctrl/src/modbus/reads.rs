@@ -64,7 +64,7 @@ fn flag_unread(e: CduError, flag: &str) -> CduError {
             op: op + &why,
             source,
         },
-        partial @ CduError::Partial { .. } => partial,
+        whole @ (CduError::Partial { .. } | CduError::ReadBack { .. }) => whole,
     }
 }
 
