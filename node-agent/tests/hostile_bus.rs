@@ -177,6 +177,13 @@ fn a_refused_command_sent_again_after_a_restart_is_refused_as_replayed() {
     });
     let ack = seen.iter().find_map(answer).expect("the copy is answered");
     assert_eq!(ack.code, AckCode::Replayed, "{}", ack.detail.as_str());
+    // By the floor kept (without it, only the start floor would refuse
+    // it, saying so).
+    assert!(
+        ack.detail.as_str().contains("is not above seq 700"),
+        "refused by the floor kept: {}",
+        ack.detail.as_str()
+    );
 }
 
 #[test]

@@ -269,11 +269,20 @@ fn after_a_crash_only_valid_leases_are_applied_again() {
     assert_eq!(caps["leases"].as_array().map(Vec::len), Some(1));
     // Its replay counter survived too.
     // A seq below it never sent, stamped before it: at or below the floor
-    // kept (judged afresh without it, and taken).
+    // kept, and refused as such (without it, only the start floor would
+    // refuse it, saying so).
     let mut older = lease(9, 2, &[(gpu(1), 300)], 60_000);
     older.time = TimestampMs(second.time.0 - 1_000);
     let again = rig.ack(&mut sub, &older);
     assert_eq!(again.code, AckCode::Replayed, "{}", again.detail.as_str());
+    assert!(
+        again
+            .detail
+            .as_str()
+            .contains("is not above seq 11 or stamp"),
+        "refused by the floor kept: {}",
+        again.detail.as_str()
+    );
 }
 
 #[test]

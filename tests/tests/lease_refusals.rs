@@ -213,10 +213,12 @@ async fn h01_refuses_forged_foreign_replayed_expired_and_too_long_leases() {
             signed(lease(cdu2.node.clone(), 1, now, minute), 1, &cdu2.key),
             AckCode::Forbidden,
         ),
+        // Stamped as the one taken (after the start): refused by the
+        // floor that lease raised, not by the start floor.
         (
             "another lease under the seq of the one taken",
             signed(
-                lease(cdu1.node.clone(), good.seq, now, 2 * minute),
+                lease(cdu1.node.clone(), good.seq, good.time, 2 * minute),
                 1,
                 &cdu1.key,
             ),
@@ -249,9 +251,17 @@ async fn h01_refuses_forged_foreign_replayed_expired_and_too_long_leases() {
             AckCode::Clamped,
         ),
     ];
+    let floor = format!("is not above seq {} or stamp {}", good.seq, good.time.0);
     for (what, frame, code) in cases {
         let ack = attempt(&b, &mut acks, &frame).await;
         assert_eq!(ack.code, code, "{what}: {}", ack.detail.as_str());
         assert!(!ack.detail.as_str().is_empty(), "{what}: the ack says why");
+        if code == AckCode::Replayed {
+            assert!(
+                ack.detail.as_str().contains(&floor),
+                "{what}: refused by the floor of the lease taken: {}",
+                ack.detail.as_str()
+            );
+        }
     }
 }
