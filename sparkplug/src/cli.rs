@@ -107,9 +107,15 @@ impl Cli {
         let group = sparkplug_id("--group", self.group.as_deref().unwrap_or(&self.site))?;
         let edge_node = sparkplug_id("--edge-node", &self.edge_node)?;
         let loopwarden_tls = self.tls.load().map_err(anyhow::Error::msg)?;
+        // A broker given without a port is on 8883 with TLS, 1883
+        // without, on each side as its own TLS says.
+        let loopwarden = self.broker.clone().with_tls(loopwarden_tls.is_some());
         let (brokers, tls) = match &self.sparkplug_broker {
-            None => (self.broker.clone(), loopwarden_tls.clone()),
-            Some(b) => (b.clone(), self.sparkplug_tls()?),
+            None => (loopwarden.clone(), loopwarden_tls.clone()),
+            Some(b) => {
+                let tls = self.sparkplug_tls()?;
+                (b.clone().with_tls(tls.is_some()), tls)
+            }
         };
         let credentials = match (&self.sparkplug_user, &self.sparkplug_password_file) {
             (Some(user), Some(file)) => Some((user.clone(), password(file)?)),
@@ -117,7 +123,7 @@ impl Cli {
         };
         let client_id = format!("lw-sparkplug-{group}-{edge_node}");
         Ok(Options {
-            loopwarden: self.broker.clone(),
+            loopwarden,
             loopwarden_tls,
             site,
             sparkplug: Link {
@@ -215,11 +221,51 @@ mod tests {
         assert_eq!(o.bridge.edge_node, "loopwarden");
         assert_eq!(o.sparkplug.brokers.to_string(), "b:1884");
         assert_eq!(o.sparkplug.client_id, "lw-sparkplug-hall-1-loopwarden");
+        let cli = Cli::parse_from(["lw-sparkplug", "--site", "hall-1", "--broker", "b"]);
+        let o = cli.options().unwrap();
+        assert_eq!(o.loopwarden.to_string(), "b:1883");
+        assert_eq!(o.sparkplug.brokers.to_string(), "b:1883");
         let cli = Cli::parse_from(["lw-sparkplug", "--site", "bad/site"]);
         assert!(cli
             .options()
             .unwrap_err()
             .to_string()
             .starts_with("--site:"));
+    }
+
+    /// A broker given without a port is on MQTT's TLS port (8883) with
+    /// TLS, on both sides of the bridge; a port given is kept.
+    #[test]
+    fn a_broker_without_a_port_is_on_8883_with_tls_on_both_sides() {
+        let dir = std::env::temp_dir().join(format!("lw-sparkplug-cli-{}", std::process::id()));
+        let out = dir.join("pki");
+        loopwarden_bus::pki::init(&loopwarden_bus::pki::InitArgs {
+            site: "a".into(),
+            hosts: vec!["h01".into()],
+            cdus: vec!["cdu1".into()],
+            operators: vec![],
+            readers: vec![],
+            out: out.clone(),
+            broker_port: 8883,
+        })
+        .unwrap();
+        let ca = out.join("ca.crt");
+        let ca = ca.to_str().unwrap();
+        let options = |args: &[&str]| {
+            let mut all = vec!["lw-sparkplug", "--site", "a"];
+            all.extend_from_slice(args);
+            let o = Cli::parse_from(all).options().unwrap();
+            (o.loopwarden.to_string(), o.sparkplug.brokers.to_string())
+        };
+        let shared = options(&["--broker", "b", "--tls-ca", ca]);
+        assert_eq!(shared, ("b:8883".into(), "b:8883".into()));
+        let shared = options(&["--broker", "b1,b2:1884", "--tls-ca", ca]);
+        assert_eq!(shared, ("b1:8883,b2:1884".into(), "b1:8883,b2:1884".into()));
+        let apart = ["--broker", "b", "--sparkplug-broker", "s"];
+        let plain = options(&apart);
+        assert_eq!(plain, ("b:1883".into(), "s:1883".into()));
+        let tls = options(&[&apart[..], &["--sparkplug-tls-ca", ca]].concat());
+        assert_eq!(tls, ("b:1883".into(), "s:8883".into()));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -65,7 +65,9 @@ const LOG_SOURCES: usize = 1024;
 /// Where and how the Sparkplug client connects.
 #[derive(Debug, Clone)]
 pub struct Link {
-    /// The brokers, tried in order.
+    /// The brokers, tried in order, each on its port (one given without
+    /// a port is put on 8883 with TLS, 1883 without, when the options
+    /// are read: [`Brokers::with_tls`]).
     pub brokers: Brokers,
     /// TLS, if any.
     pub tls: Option<Tls>,
