@@ -417,8 +417,8 @@ async fn floor_of(sender: &NodeId, store: &mut ConfigStore<Flash>) -> Option<Rea
     let copy = copy.as_deref().and_then(Kept::of_copy);
     let Some(floor) = [value, copy].into_iter().flatten().reduce(higher) else {
         tracing::error!(
-            "replay floor of {who}: {why}, and no floor readable; its commands stamped at \
-             or before this start are replays"
+            "replay floor of {who}: {why}, and no floor readable; its commands stamped \
+             before this start are replays"
         );
         return None;
     };
