@@ -390,25 +390,28 @@ pub(crate) fn parse_may(list: &[String]) -> Result<May, String> {
     Ok(may)
 }
 
+/// A signer's rights as a keyring says them (`may = ["lease",
+/// "resend"]`): in a keyring's entry, and where a log names a key's
+/// rights.
+pub fn may_toml(may: May) -> String {
+    let named = [
+        (may.lease, "\"lease\""),
+        (may.release, "\"release\""),
+        (may.resend, "\"resend\""),
+    ];
+    let list: Vec<&str> = named.iter().filter(|n| n.0).map(|n| n.1).collect();
+    format!("may = [{}]", list.join(", "))
+}
+
 /// One `[[signer]]` entry of a keyring.
 pub fn signer_toml(s: &Signer) -> String {
     let name = s.name.as_ref().map_or("*", |n| n.as_str());
-    let mut may = Vec::new();
-    if s.may.lease {
-        may.push("\"lease\"");
-    }
-    if s.may.release {
-        may.push("\"release\"");
-    }
-    if s.may.resend {
-        may.push("\"resend\"");
-    }
     format!(
-        "[[signer]]\nnode = \"{}/{name}\"\nkey_id = {}\npublic_key = \"{}\"\nmay = [{}]\n",
+        "[[signer]]\nnode = \"{}/{name}\"\nkey_id = {}\npublic_key = \"{}\"\n{}\n",
         s.role.as_str(),
         s.key_id,
         hex(s.key.as_bytes()),
-        may.join(", ")
+        may_toml(s.may)
     )
 }
 
@@ -433,6 +436,33 @@ mod tests {
             node: NodeId::new(Role::Cdu, "cdu1").unwrap(),
             key_id: 2,
             key: SigningKey::from_bytes(&[seed; 32]),
+        }
+    }
+
+    /// A signer's rights as a keyring writes them, the one text the
+    /// keyring and the agent's warnings use; each reads back as it was.
+    #[test]
+    fn rights_are_written_as_a_keyring_says_them_and_read_back() {
+        assert_eq!(may_toml(May::default()), "may = []");
+        let all = May {
+            lease: true,
+            release: true,
+            resend: true,
+        };
+        assert_eq!(may_toml(all), r#"may = ["lease", "release", "resend"]"#);
+        for bits in 0..8u8 {
+            let may = May {
+                lease: bits & 1 != 0,
+                release: bits & 2 != 0,
+                resend: bits & 4 != 0,
+            };
+            let text = may_toml(may);
+            let list: Vec<String> = text["may = [".len()..text.len() - 1]
+                .split(", ")
+                .filter(|s| !s.is_empty())
+                .map(|s| s.trim_matches('"').to_string())
+                .collect();
+            assert_eq!(parse_may(&list), Ok(may), "{text}");
         }
     }
 

@@ -43,7 +43,7 @@
 
 use loopwarden_field::config::{range, ConfigError, Sources};
 use loopwarden_field::pick;
-use loopwarden_protocol::auth::{May, Signer};
+use loopwarden_protocol::auth::Signer;
 use loopwarden_protocol::{Ident, Role, Watts};
 
 use super::{CoolingLossActions, FileConfig, GpuSourceKind, Overrides};
@@ -423,21 +423,10 @@ fn cdu_heard(
         tracing::warn!(
             "keyring: cdu/{cdu}'s key {} ({}) lacks the right `lease`: its states are taken but its cap leases refused as forbidden; a controller switched to it would have every cap refused. Give its entry may = [\"lease\"] before the controller signs with it (docs/security.md, section 7.2)",
             k.key_id,
-            rights(k.may)
+            loopwarden_bus::keys::may_toml(k.may)
         );
     }
     Ok(())
-}
-
-/// A signer's rights as taken, for the log: `may = ["resend"]`.
-fn rights(may: May) -> String {
-    let named = [
-        (may.lease, "\"lease\""),
-        (may.release, "\"release\""),
-        (may.resend, "\"resend\""),
-    ];
-    let list: Vec<&str> = named.iter().filter(|n| n.0).map(|n| n.1).collect();
-    format!("may = [{}]", list.join(", "))
 }
 
 /// On real GPUs: every protection on, or its opt-out written down.
