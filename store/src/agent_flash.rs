@@ -357,7 +357,7 @@ async fn lost(store: &mut ConfigStore<Flash>, name: &str, found: bool) -> bool {
         Ok(Some(1)) if b[0] == CLEARED => false,
         Ok(_) => {
             tracing::error!(
-                "{name}: the config store was found lost by an earlier start, and no start since has kept again all it took back (on a host: GPU health, the cooling-loss phase, each GPU's first power limit read; on a controller: the latched state; the mark is cleared only once all are): it is read as lost again (what was kept is unknown, never nothing kept)"
+                "{name}: the config store was found lost by an earlier start, and no start since has kept again all it took back (on a host: GPU health, the cooling-loss phase; on a controller: the latched state; the mark is cleared only once all are): it is read as lost again (what was kept is unknown, never nothing kept)"
             );
             true
         }

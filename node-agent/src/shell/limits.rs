@@ -27,6 +27,19 @@ fn index_key(gpu: usize) -> String {
     format!("limit.{gpu}")
 }
 
+/// What a GPU's limits record holds from a start that found the config
+/// store lost until the GPU's first limit read since is kept (which
+/// overwrites it): its kept limits read as unreadable at every start
+/// meanwhile, so the limit found on it (it may be a cap a lease left in
+/// force) is said as an error, never taken quietly for its ceiling. The
+/// store's lost mark need not wait for a GPU whose limit never reads.
+const UNREAD_SINCE_LOSS: &[u8] = b"limit unread since the config store was lost";
+
+/// Why a GPU's limits record that holds [`UNREAD_SINCE_LOSS`] is unreadable.
+fn unread_since_loss(key: &str) -> String {
+    format!("{key}: no limit read from the GPU has been kept since the config store was lost")
+}
+
 /// One GPU's kept limits, with the GPU they belong to.
 #[derive(Serialize, Deserialize)]
 struct Kept {
@@ -46,6 +59,9 @@ pub(super) async fn kept_through(
     let Some(bytes) = recorder.get(key.clone()).await? else {
         return Ok(None);
     };
+    if bytes == UNREAD_SINCE_LOSS {
+        return Err(unread_since_loss(&key));
+    }
     let kept: Kept = postcard::from_bytes(&bytes).map_err(|e| format!("{key}: {e}"))?;
     Ok((kept.uuid == uuid).then_some(kept.limit))
 }
@@ -54,6 +70,7 @@ pub(super) async fn kept_through(
 async fn read_kept(store: &mut ConfigStore<Flash>, key: &str) -> Result<Option<Kept>, String> {
     let mut buf = [0u8; loopwarden_flash::config::MAX_VALUE];
     match store.get(key, &mut buf).await {
+        Ok(Some(n)) if &buf[..n] == UNREAD_SINCE_LOSS => Err(unread_since_loss(key)),
         Ok(Some(n)) => postcard::from_bytes(&buf[..n])
             .map(Some)
             .map_err(|e| format!("{key}: {e}")),
@@ -129,6 +146,14 @@ pub(super) fn record(
     Some(postcard::to_allocvec(&kept).map(|bytes| (key, bytes)))
 }
 
+/// The config-store record (key, value) that reads as the limits of the
+/// GPU of `uuid` not read since the config store was lost
+/// ([`UNREAD_SINCE_LOSS`]), until its first limits kept overwrite it;
+/// `None` when its UUID is unknown.
+pub(super) fn unread_record(uuid: &str) -> Option<(String, Vec<u8>)> {
+    limit_key(uuid).map(|key| (key, UNREAD_SINCE_LOSS.to_vec()))
+}
+
 /// Keeps every GPU's limits `records`, handed over as one, and waits
 /// until all are in flash: any one refused is said (the first refusal's
 /// words). Returns whether all are kept.
@@ -164,21 +189,18 @@ impl Agent {
     /// they are there (a failure is said; the limits are set anyway: a
     /// cap matters more than the record of it). A GPU whose UUID is
     /// unknown has none kept (said once); one given none (`None`: never
-    /// read) keeps its record as it is. Once kept, a lost store's mark
-    /// waiting for them may clear (`super::lost_store::PendingClear`).
+    /// read) keeps its record as it is: after a config store lost, the
+    /// record that its limits were not read since
+    /// ([`unread_record`]), which its first limits kept overwrite.
     pub(super) async fn keep_limits(&mut self, limits: Vec<Option<KeptLimit>>) {
         let mut records = Vec::new();
-        let mut recorded = Vec::new();
         let mut unknown = Vec::new();
         for (i, (limit, g)) in limits.into_iter().zip(&self.gpus).enumerate() {
             let Some(limit) = limit else {
                 continue;
             };
             match record(&g.info.uuid, limit) {
-                Some(Ok(r)) => {
-                    records.push(r);
-                    recorded.push(i);
-                }
+                Some(Ok(r)) => records.push(r),
                 Some(Err(e)) => tracing::error!("GPU {i}: power limits not encodable: {e}"),
                 // Its UUID is unknown: nothing is kept under a guess.
                 None => unknown.push(i),
@@ -192,13 +214,7 @@ impl Agent {
                 );
             }
         }
-        if keep_records(&self.recorder, records).await {
-            // A lost store's mark waits for each GPU's first limits.
-            if let Some(pending) = self.lost_mark.as_mut() {
-                pending.limits_kept(&recorded);
-            }
-            self.clear_lost_mark_once_kept();
-        }
+        keep_records(&self.recorder, records).await;
     }
 
     /// Sets each limit and reads it back, every GPU's at once (each

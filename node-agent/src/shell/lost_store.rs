@@ -31,10 +31,15 @@
 //! health, the cooling-loss phase when known: [`keep_recovered`]); the
 //! store's lost mark is cleared while the agent runs, in order after
 //! them, once the phase is known and kept too (at the start, or once the
-//! CDU's word decides it) and each GPU's first limit read since
-//! ([`PendingClear`]); until then every start reads the store as lost. A host that manages no cooling (no CDU) has no
-//! cooling-loss action to undo: its phase is cooled where the log cannot
-//! tell.
+//! CDU's word decides it: [`PendingClear`]). Each GPU's limits wait for
+//! nothing: the start keeps for each a record that they were not read
+//! since the loss (`super::limits::unread_record`), read as unreadable at
+//! every start until its first limits read are kept over it, so a GPU
+//! whose limit never reads keeps only its own limits unreadable, never
+//! the store lost. Until the mark clears every start reads the store as
+//! lost.
+//! A host that manages no cooling (no CDU) has no cooling-loss action to
+//! undo: its phase is cooled where the log cannot tell.
 //!
 //! Glossary:
 //! - *whole*: a log that never lost a record: no wrap marker
@@ -155,10 +160,12 @@ pub(super) async fn match_log(
     }
 }
 
-/// After a start that found the config store lost: keeps the
-/// cooling-loss phase taken back (`cooling`, its items; `None` while it
-/// is unknown: kept once the CDU's word decides it), by `recorder`, in
-/// order after the GPUs' recovered health states handed over before.
+/// After a start that found the config store lost: keeps, by `recorder`,
+/// in order after the GPUs' recovered health states handed over before,
+/// the records that each GPU's limits were not read since the loss
+/// (`limits_unread`), and the cooling-loss phase taken back (`cooling`,
+/// its items; `None` while it is unknown: kept once the CDU's word
+/// decides it).
 /// `Err` says why the store's lost mark
 /// ([`loopwarden_store::agent_flash::LOST_MARK_KEY`]) stays for this run:
 /// a GPU's state could not be kept (`unkept`: its UUID unknown, so no
@@ -171,6 +178,7 @@ pub(super) async fn keep_recovered(
     recorder: &Recorder,
     refused_before: u64,
     unkept: &[u8],
+    limits_unread: Vec<(String, Vec<u8>)>,
     cooling: Option<Vec<(String, Vec<u8>)>>,
 ) -> Result<(), String> {
     let why = "the store's lost mark stays: the next start reads the config store as lost again";
@@ -180,8 +188,10 @@ pub(super) async fn keep_recovered(
         ));
     }
     // Waited for: the health states handed over before are in flash too.
-    (recorder.set_all_sync(cooling.unwrap_or_default()).await)
-        .map_err(|e| format!("the cooling-loss phase taken back is not kept ({e}): {why}"))?;
+    let items = [limits_unread, cooling.unwrap_or_default()].concat();
+    (recorder.set_all_sync(items).await).map_err(|e| {
+        format!("the cooling-loss phase taken back, or the GPUs' limits as not read since, not kept ({e}): {why}")
+    })?;
     let refused = recorder.refused().saturating_sub(refused_before);
     if refused > 0 {
         return Err(format!(
@@ -195,42 +205,28 @@ pub(super) async fn keep_recovered(
 /// start took back is kept ([`keep_recovered`]) and the rest of what the
 /// lost store held is known and kept again: the cooling-loss phase (known
 /// at the start, or once the CDU's word decides it: kept then,
-/// `super::cooling`), and each GPU's first ceiling read after the loss
-/// (kept at once, `super::limits`): until it is, a restart must still
-/// read its kept limits as unreadable and say the limit it finds as an
-/// error (it may be a cap a lease left in force), never take it quietly
-/// for the GPU's ceiling.
+/// `super::cooling`). Each GPU's limits need no wait: the start kept for
+/// each a record that they were not read since the loss, which reads as
+/// unreadable (the limit found said as an error, never taken quietly for
+/// the GPU's ceiling: it may be a cap a lease left in force) until its
+/// first limits read are kept over it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PendingClear {
     /// The flash's refusals counted before the start kept anything.
     refused_before: u64,
-    /// Each GPU's: whether its limits were kept since its first read.
-    limits_kept: Vec<bool>,
 }
 
 impl PendingClear {
-    /// A clear pending for `gpus` GPUs since the flash had refused
-    /// `refused_before` values.
-    pub(super) fn new(refused_before: u64, gpus: usize) -> Self {
-        Self {
-            refused_before,
-            limits_kept: vec![false; gpus],
-        }
+    /// A clear pending since the flash had refused `refused_before`
+    /// values.
+    pub(super) fn new(refused_before: u64) -> Self {
+        Self { refused_before }
     }
 
-    /// The GPUs `kept` have their limits, read since the loss, in flash.
-    pub(super) fn limits_kept(&mut self, kept: &[usize]) {
-        for &i in kept {
-            if let Some(k) = self.limits_kept.get_mut(i) {
-                *k = true;
-            }
-        }
-    }
-
-    /// Whether everything is kept that the mark waits for, the phase
+    /// Whether everything is kept that the mark waits for: the phase
     /// known (`cooling_unknown`: not yet).
     pub(super) fn ready(&self, cooling_unknown: bool) -> bool {
-        !cooling_unknown && self.limits_kept.iter().all(|&k| k)
+        !cooling_unknown
     }
 }
 
@@ -283,12 +279,22 @@ impl super::Agent {
         let unkept: Vec<u8> = (unreadable.iter().copied())
             .filter(|&g| super::identity(&self.gpus[g as usize].info.uuid).is_none())
             .collect();
-        match keep_recovered(&self.recorder, refused_before, &unkept, items).await {
+        let limits_unread = (self.gpus.iter())
+            .filter_map(|g| super::limits::unread_record(&g.info.uuid))
+            .collect();
+        let kept = keep_recovered(
+            &self.recorder,
+            refused_before,
+            &unkept,
+            limits_unread,
+            items,
+        );
+        match kept.await {
             Ok(()) => {
                 tracing::warn!(
-                    "the config store lost: what was taken back (GPU health, the cooling-loss phase when known) is kept again; the store's lost mark clears once the cooling-loss phase is known and kept, and each GPU's first power limit read"
+                    "the config store lost: what was taken back (GPU health, the cooling-loss phase when known) is kept again, and each GPU's power limits as not read since (unreadable at a restart until its first limit read is kept); the store's lost mark clears once the cooling-loss phase is known and kept"
                 );
-                self.lost_mark = Some(PendingClear::new(refused_before, self.gpus.len()));
+                self.lost_mark = Some(PendingClear::new(refused_before));
                 self.clear_lost_mark_once_kept();
             }
             Err(e) => tracing::error!("{e}"),

@@ -1406,24 +1406,62 @@ mod tests {
             .collect()
     }
 
+    /// The recorder over the flash at `path` (`stores`), as the agent
+    /// starts it.
+    fn recorder_of(
+        stores: loopwarden_store::agent_flash::Stores,
+        path: &std::path::Path,
+    ) -> loopwarden_store::recorder::Recorder {
+        loopwarden_store::recorder::Recorder::start(stores.log, stores.store, Some(path)).unwrap()
+    }
+
+    /// The node's start and its first read of every GPU's limit (450 W
+    /// found, or the read failing where `answers` says not), and the
+    /// limits it keeps after that read kept by `r` under the GPUs'
+    /// UUIDs (`uuids`), waited for.
+    fn keep_first_read(
+        r: &loopwarden_store::recorder::Recorder,
+        node: &mut Node,
+        uuids: [&str; 3],
+        answers: [bool; 3],
+    ) {
+        use node_core::node::{Effect, Input, Now};
+        let now = Now::at(SINCE + 10_000);
+        node.step(now, Input::Start);
+        let found: Vec<Result<Watts, String>> = (answers.iter())
+            .map(|&a| {
+                a.then_some(Watts(450))
+                    .ok_or_else(|| "timed out".to_string())
+            })
+            .collect();
+        for e in node.step(now, Input::LimitsRead(&found)) {
+            let Effect::KeepLimits(limits) = e else {
+                continue;
+            };
+            let records: Vec<_> = (limits.into_iter().enumerate())
+                .filter_map(|(i, l)| super::super::limits::record(uuids[i], l?))
+                .map(Result::unwrap)
+                .collect();
+            futures::executor::block_on(r.set_all_sync(records)).unwrap();
+        }
+    }
+
     /// After a start from the flash at `path` (`stores`) that found the
     /// config store lost (`node`, `undone`, on the GPUs `uuids`): what the
-    /// agent keeps (the health states taken back, the cooling-loss phase
-    /// when known: `keep_recovered`); then, where `read` (each GPU's limit
-    /// read, at 450 W), the limits the node keeps after that first read;
-    /// and the lost mark cleared where its pending clear is ready. Whether
-    /// it was.
+    /// agent keeps (the health states taken back, each GPU's limits as not
+    /// read since, the cooling-loss phase when known: `keep_recovered`);
+    /// then, where `answers` (whether each GPU's limit read answers), the
+    /// limits the node keeps after that first read; and the lost mark
+    /// cleared where its pending clear is ready. Whether it was.
     fn keep_after_loss(
         stores: loopwarden_store::agent_flash::Stores,
         path: &std::path::Path,
         (node, undone): (&mut Node, &super::super::Undone),
         uuids: [&str; 3],
-        read: bool,
+        answers: Option<[bool; 3]>,
     ) -> bool {
         use super::super::lost_store::{clear_mark, keep_recovered, PendingClear};
-        use node_core::node::{Effect, Input, Now};
-        let r = loopwarden_store::recorder::Recorder::start(stores.log, stores.store, Some(path))
-            .unwrap();
+        let r = recorder_of(stores, path);
         let before = r.refused();
         for &g in &undone.unreadable {
             let id = id(uuids[g as usize]);
@@ -1434,28 +1472,14 @@ mod tests {
         }
         let items = (!node.cooling_unknown())
             .then(|| super::super::cooling::phase_items(undone.phase, &undone.steps));
-        let kept = futures::executor::block_on(keep_recovered(&r, before, &[], items));
+        let unread = (uuids.iter())
+            .filter_map(|u| super::super::limits::unread_record(u))
+            .collect();
+        let kept = futures::executor::block_on(keep_recovered(&r, before, &[], unread, items));
         assert!(kept.is_ok(), "{kept:?}");
-        let mut pending = PendingClear::new(before, uuids.len());
-        if read {
-            let now = Now::at(SINCE + 10_000);
-            node.step(now, Input::Start);
-            let found = vec![Ok(Watts(450)); 3];
-            for e in node.step(now, Input::LimitsRead(&found)) {
-                let Effect::KeepLimits(limits) = e else {
-                    continue;
-                };
-                let mut records = Vec::new();
-                let mut kept = Vec::new();
-                for (i, limit) in limits.into_iter().enumerate() {
-                    let Some(limit) = limit else { continue };
-                    let record = super::super::limits::record(uuids[i], limit).unwrap();
-                    records.push(record.unwrap());
-                    kept.push(i);
-                }
-                futures::executor::block_on(r.set_all_sync(records)).unwrap();
-                pending.limits_kept(&kept);
-            }
+        let pending = PendingClear::new(before);
+        if let Some(answers) = answers {
+            keep_first_read(&r, node, uuids, answers);
         }
         let cleared = pending.ready(node.cooling_unknown());
         if cleared {
@@ -1465,48 +1489,71 @@ mod tests {
         cleared
     }
 
+    /// The errors said at the first read of every GPU's limit, at `found`,
+    /// by a node started from the flash at `path`; whether the store was
+    /// read as lost; the GPUs marked degraded as their kept state
+    /// unreadable.
+    fn said_at_start(path: &std::path::Path, found: u32) -> (bool, Vec<String>, Vec<u8>) {
+        let mut stores = loopwarden_store::agent_flash::open(Some(path)).unwrap();
+        let lost = stores.config_lost;
+        let (mut node, undone) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, lost);
+        (lost, first_read(&mut node, found), undone.unreadable)
+    }
+
+    /// The GPUs said at a first read to have their kept limits unreadable.
+    fn unreadable_limits(said: &[String]) -> Vec<u8> {
+        (0..3u8)
+            .filter(|i| {
+                (said.iter())
+                    .any(|l| l.starts_with(&format!("GPU {i}:")) && l.contains("unreadable"))
+            })
+            .collect()
+    }
+
     /// The config store lost on a host with a lease's cap (say 350 W)
-    /// left on its GPUs, and a start that kept what it took back but
-    /// stopped before the GPUs' limits were first read: the next start
-    /// still reads the store as lost, its kept limits unreadable, and
-    /// says the limit found as an error (it may be a leftover cap), never
-    /// takes it quietly for the ceiling. Once each GPU's first limit is
-    /// read and kept, the mark clears.
+    /// left on its GPUs (no CDU: the phase known at the start). A start
+    /// that kept what it took back and stopped before the GPUs' limits
+    /// were first read clears the store's lost mark, yet the next start
+    /// still reads every GPU's kept limits as unreadable and says the
+    /// limit found as an error (it may be a leftover cap), never takes it
+    /// quietly for the ceiling. GPU 2, whose limit never reads (hung,
+    /// off the bus), holds no mark: the next start reads the store
+    /// intact, degrades no other GPU, and says GPU 2's limit found as an
+    /// error until its first read is kept.
     #[test]
-    fn a_lost_store_stays_marked_until_each_gpus_first_ceiling_is_kept() {
+    fn a_gpu_whose_limit_never_reads_keeps_only_its_own_limits_unreadable_after_a_loss() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("host.flash");
         let logged = health_changes(&[(1, Healthy, Quarantined, ReasonCode::DBE_VOLATILE)]);
-        lost_after(&path, &logged);
-        // A start whose limits are read (`read`) before the clear, or not;
-        // the errors said at the first read of a node started alike.
-        let start = |read: bool| {
+        let loss_and_start = |name: &str, answers: Option<[bool; 3]>| {
+            let path = dir.path().join(name);
+            lost_after(&path, &logged);
             let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
-            let lost = stores.config_lost;
+            assert!(stores.config_lost);
             let (mut node, undone) =
-                restored_with(&mut stores.store, [X, A, B], &mut stores.log, lost);
-            let mut twin = restored_with(&mut stores.store, [X, A, B], &mut stores.log, lost).0;
-            let said = first_read(&mut twin, 350);
-            let cleared =
-                lost && keep_after_loss(stores, &path, (&mut node, &undone), [X, A, B], read);
-            (lost, said, cleared)
+                restored_with(&mut stores.store, [X, A, B], &mut stores.log, true);
+            let cleared = keep_after_loss(stores, &path, (&mut node, &undone), [X, A, B], answers);
+            assert!(cleared, "{name}: the phase kept: the mark clears");
+            path
         };
-        let (lost, _, cleared) = start(false);
-        assert!(lost && !cleared, "no limit read: the mark stays");
-        let (lost, said, cleared) = start(true);
-        assert!(
-            lost,
-            "the limits were never read: the store is read as lost"
-        );
-        for i in 0..3 {
-            let unreadable =
-                |l: &String| l.starts_with(&format!("GPU {i}:")) && l.contains("unreadable");
-            assert!(said.iter().any(unreadable), "GPU {i}: {said:?}");
-        }
-        assert!(cleared, "each GPU's first limit kept: the mark clears");
-        let (lost, said, _) = start(false);
-        assert!(!lost, "the limits read were kept");
-        assert!(!said.iter().any(|l| l.contains("unreadable")), "{said:?}");
+        let stopped = loss_and_start("stopped.flash", None);
+        let (lost, said, degraded) = said_at_start(&stopped, 350);
+        assert!(!lost && degraded.is_empty(), "{degraded:?}");
+        assert_eq!(unreadable_limits(&said), vec![0, 1, 2], "{said:?}");
+
+        let path = loss_and_start("hung.flash", Some([true, true, false]));
+        let (lost, said, degraded) = said_at_start(&path, 450);
+        assert!(!lost, "GPU 2's limit unread holds no mark");
+        assert_eq!(degraded, Vec::<u8>::new(), "no GPU degraded anew");
+        assert_eq!(unreadable_limits(&said), vec![2], "{said:?}");
+        // GPU 2 answers at last: its first limits kept, over the record.
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        let (mut node, _) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, false);
+        let r = recorder_of(stores, &path);
+        keep_first_read(&r, &mut node, [X, A, B], [true; 3]);
+        futures::executor::block_on(r.flush());
+        drop(r);
+        let (_, said, _) = said_at_start(&path, 450);
+        assert_eq!(unreadable_limits(&said), Vec::<u8>::new(), "{said:?}");
     }
 
     /// A start that found the config store lost and stopped before it
@@ -1529,28 +1576,26 @@ mod tests {
         let (node, _) = lost_after(&path, &logged);
         assert_eq!(node.health().status(1).unwrap().state, Quarantined);
         let state = |node: &Node| node.health().status(1).unwrap().state;
-        // `None`: stopped before keeping anything; `Some(read)`: kept,
-        // each GPU's limit read and kept or not, so the mark cleared or not.
-        let restart = |keep: Option<bool>| {
+        // `keep`: what was taken back kept (the mark cleared), or the
+        // start stopped before keeping anything.
+        let restart = |keep: bool| {
             let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
             let lost = stores.config_lost;
             let (mut node, undone) =
                 restored_with(&mut stores.store, [X, A, B], &mut stores.log, lost);
-            if let Some(read) = keep {
+            if keep {
                 assert!(!node.cooling_unknown(), "no CDU: cooled");
-                let cleared = keep_after_loss(stores, &path, (&mut node, &undone), [X, A, B], read);
-                assert_eq!(cleared, read);
+                let cleared = keep_after_loss(stores, &path, (&mut node, &undone), [X, A, B], None);
+                assert!(cleared, "no CDU: the phase known, the mark clears");
             }
             (lost, node)
         };
-        let (lost, node) = restart(None);
+        let (lost, node) = restart(false);
         assert!(lost, "the loss is not forgotten");
         assert_eq!(state(&node), Quarantined, "never healthy");
-        let (lost, node) = restart(Some(false));
+        let (lost, node) = restart(true);
         assert!(lost && state(&node) == Quarantined);
-        let (lost, node) = restart(Some(true));
-        assert!(lost && state(&node) == Quarantined);
-        let (lost, node) = restart(None);
+        let (lost, node) = restart(false);
         assert!(!lost, "what was taken back is kept");
         assert_eq!(state(&node), Quarantined, "as kept");
         let mut log = loopwarden_store::agent_flash::open(Some(&path))
@@ -1594,7 +1639,7 @@ mod tests {
             &path,
             (&mut node, &undone),
             [X, A, B],
-            true
+            Some([true; 3])
         ));
         let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
         assert!(!stores.config_lost, "the mark is cleared");
