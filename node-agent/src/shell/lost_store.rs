@@ -169,7 +169,8 @@ pub(super) async fn match_log(
 /// `Err` says why the store's lost mark
 /// ([`loopwarden_store::agent_flash::LOST_MARK_KEY`]) stays for this run:
 /// a GPU's state could not be kept (`unkept`: its UUID unknown, so no
-/// record names it), the phase was refused, or a value was refused since
+/// record names it; the phase and the other records are kept all the
+/// same), the phase was refused, or a value was refused since
 /// the count `refused_before` ([`Recorder::refused`]); the next start
 /// then reads the store as lost again (what was kept is unknown, never
 /// nothing kept). `Ok`: the mark is cleared once [`PendingClear`] is
@@ -182,16 +183,16 @@ pub(super) async fn keep_recovered(
     cooling: Option<Vec<(String, Vec<u8>)>>,
 ) -> Result<(), String> {
     let why = "the store's lost mark stays: the next start reads the config store as lost again";
-    if !unkept.is_empty() {
-        return Err(format!(
-            "GPUs {unkept:?}: their UUIDs unknown, their states taken back are not kept: {why}"
-        ));
-    }
     // Waited for: the health states handed over before are in flash too.
     let items = [limits_unread, cooling.unwrap_or_default()].concat();
     (recorder.set_all_sync(items).await).map_err(|e| {
         format!("the cooling-loss phase taken back, or the GPUs' limits as not read since, not kept ({e}): {why}")
     })?;
+    if !unkept.is_empty() {
+        return Err(format!(
+            "GPUs {unkept:?}: their UUIDs unknown at the start, their states taken back are not kept (the cooling-loss phase is): for this run, {why}"
+        ));
+    }
     let refused = recorder.refused().saturating_sub(refused_before);
     if refused > 0 {
         return Err(format!(

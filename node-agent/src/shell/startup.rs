@@ -1673,6 +1673,47 @@ mod tests {
         assert_eq!(undone.quarantines, vec![1], "its actions run again");
     }
 
+    /// The config store lost, the event log saying GPU 1 quarantined and
+    /// the host draining for a cooling loss, GPU 1 not saying its UUID at
+    /// the start: its state cannot be kept (no record names it), so the
+    /// store's lost mark stays for the run, said; the cooling-loss phase
+    /// taken back is kept all the same, so a start that finds the store
+    /// intact later reads the host draining, never cooled on the store's
+    /// silence.
+    #[test]
+    fn a_lost_store_keeps_the_phase_taken_back_while_a_gpus_uuid_is_unknown() {
+        use node_core::cooling_loss::Phase;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let mut logged = health_changes(&[(1, Healthy, Quarantined, ReasonCode::DBE_VOLATILE)]);
+        logged.push(Event::CoolingAction {
+            step: loopwarden_protocol::CoolingStep::Drain,
+            ok: true,
+            exit_code: Some(0),
+        });
+        let uuids = [X, UNKNOWN_UUID, B];
+        lost_after_on(&path, &logged, uuids);
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        let (node, undone) = restored_with(&mut stores.store, uuids, &mut stores.log, true);
+        let draining = Phase::Draining { since: SINCE + 1 };
+        assert_eq!((node.cooling_unknown(), undone.phase), (false, draining));
+        let r = recorder_of(stores, &path);
+        let items = super::super::cooling::phase_items(undone.phase, &undone.steps);
+        let keep = super::super::lost_store::keep_recovered(&r, 0, &[1], vec![], Some(items));
+        let kept = futures::executor::block_on(keep);
+        assert!(kept.as_ref().is_err_and(|e| e.contains("[1]")), "{kept:?}");
+        futures::executor::block_on(r.flush());
+        drop(r);
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(stores.config_lost, "the mark stays for the run");
+        let cannot_tell = Some(Err("the log is not read".to_string()));
+        let kept = futures::executor::block_on(super::super::cooling::restore(
+            &mut stores.store,
+            cannot_tell,
+        ));
+        assert_eq!(kept.map(|k| k.0), Some(draining), "the phase is in flash");
+    }
+
     /// GPU 1 (A) quarantined, as the store and the event log say; then
     /// another GPU (C) in its slot, which starts healthy from the intact
     /// store: the start logs GPU 1's change back to healthy, so a config
