@@ -179,6 +179,9 @@ pub(crate) struct Agent {
     /// The config store's lost mark, to clear once what the lost store
     /// held is kept again (`lost_store`).
     pub lost_mark: Option<lost_store::PendingClear>,
+    /// The clear of the lost mark under way off the loop, awaited at a
+    /// clean stop before the flash is flushed.
+    pub lost_mark_clearing: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// What a process that runs many agents may ask of each (nothing by
@@ -323,6 +326,7 @@ async fn run_agent(
         site_actions: Default::default(),
         identify_at: 0,
         lost_mark: None,
+        lost_mark_clearing: None,
     };
     agent.keep_taken_back(&undone, config_lost).await;
     // What a crash (or a failure) left undone runs again.
@@ -459,6 +463,7 @@ impl Agent {
         self.finish_actions(outcomes, xid_rx).await;
         tracing::info!("stopping");
         self.step(Input::Stop).await;
+        self.finish_lost_mark_clear().await;
         self.recorder.flush().await;
         readers.stop();
         if let Err(e) = self.bus.shutdown(Duration::from_secs(3)).await {

@@ -104,8 +104,8 @@ fn a_lost_store_whose_phase_the_cdu_decides_clears_its_mark_in_that_run() {
     );
     rig.publish_cdu_state(false, 1);
     assert_eq!(phase_known(&agent), "cooled", "the CDU's word taken");
-    // The mark is cleared off the loop, in order after the phase.
-    std::thread::sleep(Duration::from_millis(500));
+    // The mark is cleared off the loop, in order after the phase; a clean
+    // stop waits for it, with no time given to it first.
     agent.stop();
 
     let stores = loopwarden_store::agent_flash::open(Some(&rig.flash())).expect("flash");

@@ -304,7 +304,8 @@ impl super::Agent {
 
     /// Clears the store's lost mark, off the loop and in order after what
     /// was handed to the flash, if one is pending and all it waits for is
-    /// kept ([`PendingClear::ready`]); the outcome said.
+    /// kept ([`PendingClear::ready`]); the outcome said. A clean stop
+    /// waits for it ([`Self::finish_lost_mark_clear`]).
     pub(super) fn clear_lost_mark_once_kept(&mut self) {
         let unknown = self.node.cooling_unknown();
         if !self.lost_mark.as_ref().is_some_and(|p| p.ready(unknown)) {
@@ -314,16 +315,41 @@ impl super::Agent {
             return;
         };
         let recorder = self.recorder.clone();
-        tokio::spawn(async move {
+        self.lost_mark_clearing = Some(tokio::spawn(async move {
             match clear_mark(&recorder, pending).await {
                 Ok(()) => tracing::warn!(
                     "the config store lost: what the lost store held is kept again: its lost mark is cleared, the next start reads the store as intact"
                 ),
                 Err(e) => tracing::error!("{e}"),
             }
-        });
+        }));
+    }
+
+    /// At a clean stop: waits (at most [`CLEAR_WAIT`]) for the lost
+    /// mark's clear under way, so it is in flash before the stop (a stop
+    /// that cancelled it left the next start reading the store as lost
+    /// again, every GPU not quarantined degraded); one not done by then is
+    /// said, the mark left as the flash has it.
+    pub(super) async fn finish_lost_mark_clear(&mut self) {
+        let Some(clearing) = self.lost_mark_clearing.take() else {
+            return;
+        };
+        match tokio::time::timeout(CLEAR_WAIT, clearing).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(
+                "the config store lost: clearing its lost mark failed ({e}): the next start may read the store as lost again"
+            ),
+            Err(_) => tracing::error!(
+                "the config store lost: its lost mark's clear not done after {} s (the flash is slow or failing): the next start may read the store as lost again",
+                CLEAR_WAIT.as_secs()
+            ),
+        }
     }
 }
+
+/// How long a clean stop waits for the lost mark's clear under way: the
+/// flash's writes handed before it, then the mark.
+const CLEAR_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The phase the cooling actions logged say, as they are read oldest
 /// first (see the module note); `Err` says why it cannot be told.
