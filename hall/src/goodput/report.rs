@@ -150,7 +150,8 @@ fn result(md: &mut String, s: &Study) {
 fn differences(md: &mut String, s: &Study) {
     md.push_str(
         "Differences between policies, trial by trial over the same failures (mean of the \
-         per-trial differences ± 1.96 SD/√n, a 95 % interval; a difference whose interval \
+         per-trial differences ± t·SD/√n, a 95 % interval, t Student's quantile at trials − 1 \
+         degrees of freedom up to 30 and 1.96 beyond; a difference whose interval \
          holds 0 is not told apart from none at this number of trials):\n\n\
          | difference | points | 95 % interval | trials |\n|---|---:|---:|---:|\n",
     );
