@@ -175,7 +175,7 @@ pub(super) async fn match_log(
 /// then reads the store as lost again (what was kept is unknown, never
 /// nothing kept). `Ok`: the mark is cleared once [`PendingClear`] is
 /// ready.
-pub(super) async fn keep_recovered(
+async fn keep_recovered(
     recorder: &Recorder,
     refused_before: u64,
     unkept: &[u8],
@@ -200,6 +200,34 @@ pub(super) async fn keep_recovered(
         ));
     }
     Ok(())
+}
+
+/// At a start that found the config store lost, the GPUs of `uuids` as
+/// `node` started them (`unreadable`: those whose states were taken back,
+/// handed to `recorder` before): keeps, by [`keep_recovered`], each GPU's
+/// limits as not read since the loss and the cooling-loss `phase` and
+/// `steps` where the node knows them; the states of the GPUs
+/// `unreadable` whose UUIDs are unknown are not kept. Returns the mark's
+/// clear to pend, or (`Err`) why the mark stays for this run.
+pub(super) async fn keep_after_loss(
+    recorder: &Recorder,
+    (node, uuids, unreadable): (&node_core::node::Node, &[&str], &[u8]),
+    (phase, steps): (Phase, &[CoolingStep]),
+    refused_before: u64,
+) -> Result<PendingClear, String> {
+    let items = (!node.cooling_unknown()).then(|| super::cooling::phase_items(phase, steps));
+    let unkept: Vec<u8> = (unreadable.iter().copied())
+        .filter(|&g| {
+            (uuids.get(g as usize))
+                .and_then(|u| super::identity(u))
+                .is_none()
+        })
+        .collect();
+    let limits_unread = (uuids.iter())
+        .filter_map(|u| super::limits::unread_record(u))
+        .collect();
+    keep_recovered(recorder, refused_before, &unkept, limits_unread, items).await?;
+    Ok(PendingClear::new(refused_before))
 }
 
 /// The store's lost mark to clear while the agent runs, once what the
@@ -275,27 +303,14 @@ impl super::Agent {
         cooling: (Phase, &[CoolingStep]),
         refused_before: u64,
     ) {
-        let items = (!self.node.cooling_unknown())
-            .then(|| super::cooling::phase_items(cooling.0, cooling.1));
-        let unkept: Vec<u8> = (unreadable.iter().copied())
-            .filter(|&g| super::identity(&self.gpus[g as usize].info.uuid).is_none())
-            .collect();
-        let limits_unread = (self.gpus.iter())
-            .filter_map(|g| super::limits::unread_record(&g.info.uuid))
-            .collect();
-        let kept = keep_recovered(
-            &self.recorder,
-            refused_before,
-            &unkept,
-            limits_unread,
-            items,
-        );
-        match kept.await {
-            Ok(()) => {
+        let uuids: Vec<&str> = self.gpus.iter().map(|g| g.info.uuid.as_str()).collect();
+        let started = (&self.node, &uuids[..], unreadable);
+        match keep_after_loss(&self.recorder, started, cooling, refused_before).await {
+            Ok(pending) => {
                 tracing::warn!(
                     "the config store lost: what was taken back (GPU health, the cooling-loss phase when known) is kept again, and each GPU's power limits as not read since (unreadable at a restart until its first limit read is kept); the store's lost mark clears once the cooling-loss phase is known and kept"
                 );
-                self.lost_mark = Some(PendingClear::new(refused_before));
+                self.lost_mark = Some(pending);
                 self.clear_lost_mark_once_kept();
             }
             Err(e) => tracing::error!("{e}"),

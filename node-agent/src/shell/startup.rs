@@ -1448,8 +1448,10 @@ mod tests {
 
     /// After a start from the flash at `path` (`stores`) that found the
     /// config store lost (`node`, `undone`, on the GPUs `uuids`): what the
-    /// agent keeps (the health states taken back, each GPU's limits as not
-    /// read since, the cooling-loss phase when known: `keep_recovered`);
+    /// agent keeps (the health states taken back, kept here as the
+    /// agent's `keep_health` keeps them; each GPU's limits as not read
+    /// since and the cooling-loss phase when known, by the agent's own
+    /// `lost_store::keep_after_loss`);
     /// then, where `answers` (whether each GPU's limit read answers), the
     /// limits the node keeps after that first read; and the lost mark
     /// cleared where its pending clear is ready. Whether it was.
@@ -1460,7 +1462,7 @@ mod tests {
         uuids: [&str; 3],
         answers: Option<[bool; 3]>,
     ) -> bool {
-        use super::super::lost_store::{clear_mark, keep_recovered, PendingClear};
+        use super::super::lost_store::clear_mark;
         let r = recorder_of(stores, path);
         let before = r.refused();
         for &g in &undone.unreadable {
@@ -1470,14 +1472,11 @@ mod tests {
             r.set(Record::Health.key(id), value);
             r.set(health_check_key(id), check);
         }
-        let items = (!node.cooling_unknown())
-            .then(|| super::super::cooling::phase_items(undone.phase, &undone.steps));
-        let unread = (uuids.iter())
-            .filter_map(|u| super::super::limits::unread_record(u))
-            .collect();
-        let kept = futures::executor::block_on(keep_recovered(&r, before, &[], unread, items));
-        assert!(kept.is_ok(), "{kept:?}");
-        let pending = PendingClear::new(before);
+        let started = (&*node, &uuids[..], &undone.unreadable[..]);
+        let cooling = (undone.phase, &undone.steps[..]);
+        let keep = super::super::lost_store::keep_after_loss(&r, started, cooling, before);
+        let kept = futures::executor::block_on(keep);
+        let pending = kept.unwrap();
         if let Some(answers) = answers {
             keep_first_read(&r, node, uuids, answers);
         }
@@ -1698,8 +1697,9 @@ mod tests {
         let draining = Phase::Draining { since: SINCE + 1 };
         assert_eq!((node.cooling_unknown(), undone.phase), (false, draining));
         let r = recorder_of(stores, &path);
-        let items = super::super::cooling::phase_items(undone.phase, &undone.steps);
-        let keep = super::super::lost_store::keep_recovered(&r, 0, &[1], vec![], Some(items));
+        let started = (&node, &uuids[..], &undone.unreadable[..]);
+        let cooling = (undone.phase, &undone.steps[..]);
+        let keep = super::super::lost_store::keep_after_loss(&r, started, cooling, 0);
         let kept = futures::executor::block_on(keep);
         assert!(kept.as_ref().is_err_and(|e| e.contains("[1]")), "{kept:?}");
         futures::executor::block_on(r.flush());
