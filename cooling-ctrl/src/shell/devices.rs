@@ -63,11 +63,15 @@ pub(super) struct Devices<P> {
     /// A read-back of the settings that failed (the settings taken on
     /// their echo).
     read_back_error: Failing,
-    /// The last read-back that ran found a safety setting (valves, pumps
-    /// to run, lead pump) not held: why. The next step's heartbeat is not
+    /// A read-back found a safety setting (valves, pumps to run, lead
+    /// pump) not held: why, said once per change. The heartbeat is not
     /// written, so the CDU falls back to its own control while its
     /// echoes say one thing and its registers another.
     safety_not_held: Failing,
+    /// The safety settings found not held, each with why: one leaves
+    /// only when a read-back reads it held. A read-back that fails, or a
+    /// write refused or not planned (so not read back), leaves it.
+    safety_unheld: Vec<(Setting, String)>,
     board_errors: BoardErrors,
     /// When the CDU last answered a read.
     pub(super) last_read: Option<TimestampMs>,
@@ -130,6 +134,7 @@ impl<P: CduPort> Devices<P> {
             write_error: Failing::default(),
             read_back_error: Failing::default(),
             safety_not_held: Failing::default(),
+            safety_unheld: Vec::new(),
             board_errors: BoardErrors::default(),
             last_read: None,
             pump_faults: None,
@@ -179,7 +184,8 @@ impl<P: CduPort> Devices<P> {
     /// one went unanswered), what went in is read back, one request per
     /// run of registers ([`CduPort::read_back`]): a setting the CDU does
     /// not hold counts as not taken, and a safety setting so holds the
-    /// next step's heartbeat back (not written). The first failure is
+    /// heartbeat back (not written) from the next step until a read-back
+    /// reads it held. The first failure is
     /// counted, and logged whole once per change of its text.
     pub(super) async fn write(&mut self, plan: &Plan, stats: &mut ShellStats) -> Outcome {
         let mut outcome = Outcome::default();
@@ -226,7 +232,7 @@ impl<P: CduPort> Devices<P> {
         }
         let back = self.cdu.read_back(&went_in).await;
         self.judge_read_back(&back.unread, stats);
-        self.judge_safety_held(&back.not_held);
+        self.judge_safety_held(&went_in, &back);
         for (settings, e) in back.not_held {
             let why = e.to_string();
             for s in settings {
@@ -272,30 +278,49 @@ impl<P: CduPort> Devices<P> {
         }
     }
 
-    /// Whether `w` is the heartbeat and the last read-back found a
-    /// safety setting not held: then it is not written this step.
+    /// Whether `w` is the heartbeat and a read-back found a safety
+    /// setting not held that none has read held since: then it is not
+    /// written this step.
     fn heartbeat_held(&self, w: &Write) -> bool {
-        w.setting == Setting::Heartbeat && self.safety_not_held.0.is_some()
+        w.setting == Setting::Heartbeat && !self.safety_unheld.is_empty()
     }
 
-    /// The step's settings found holding another value (`not_held`): a
-    /// safety setting among them holds the next step's heartbeat back,
-    /// said once per change of why; its end said.
-    fn judge_safety_held(&mut self, not_held: &[(Vec<Setting>, CduError)]) {
-        let unsafe_ = not_held
-            .iter()
-            .find(|(settings, _)| settings.iter().any(|s| s.safety()));
-        let Some((settings, e)) = unsafe_ else {
+    /// The read-back `back` of the step's writes that went in
+    /// (`went_in`): a safety setting found holding another value holds
+    /// the heartbeat back until a read-back reads it held (one not read
+    /// back, its read-back failed or its write not gone in, stays as it
+    /// was); said once per change of why; its end said.
+    fn judge_safety_held(&mut self, went_in: &[Write], back: &crate::modbus::ReadBack) {
+        let listed = |failures: &[(Vec<Setting>, CduError)], s: Setting| {
+            failures.iter().any(|(set, _)| set.contains(&s))
+        };
+        self.safety_unheld.retain(|(s, _)| {
+            let read_held = went_in.iter().any(|w| w.setting == *s)
+                && !listed(&back.unread, *s)
+                && !listed(&back.not_held, *s);
+            !read_held
+        });
+        for (settings, e) in &back.not_held {
+            for s in settings.iter().filter(|s| s.safety()) {
+                self.safety_unheld.retain(|(t, _)| t != s);
+                self.safety_unheld.push((*s, e.to_string()));
+            }
+        }
+        if self.safety_unheld.is_empty() {
             if let Some(e) = self.safety_not_held.worked() {
                 tracing::info!(
-                    "cooling shell: the CDU holds its safety settings again: the heartbeat is \
-                     written again (was: {e})"
+                    "cooling shell: the CDU holds its safety settings again (read back): the \
+                     heartbeat is written again (was: {e})"
                 );
             }
             return;
-        };
-        let names: Vec<&str> = settings.iter().map(|s| s.register()).collect();
-        let why = format!("{}: {e}", names.join(", "));
+        }
+        let said: Vec<String> = self
+            .safety_unheld
+            .iter()
+            .map(|(s, e)| format!("{}: {e}", s.register()))
+            .collect();
+        let why = said.join("; ");
         if self.safety_not_held.failed(why.clone()) {
             tracing::error!(
                 "cooling shell: the CDU does not hold a safety setting it echoed ({why}): the \
@@ -664,6 +689,70 @@ mod tests {
         assert!(!second.taken().valves);
     }
 
+    /// A CDU that echoes every write and whose read-backs answer in turn
+    /// as `answers` says: `Some(true)` finds the valves not held,
+    /// `Some(false)` every setting held, `None` fails (exception 6) for
+    /// every setting.
+    struct ReadBackInTurn {
+        answers: std::collections::VecDeque<Option<bool>>,
+    }
+
+    impl CduPort for ReadBackInTurn {
+        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
+            Ok(CduMeasurements::default())
+        }
+        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
+            Ok(())
+        }
+        async fn read_back(&mut self, written: &[Write]) -> ReadBack {
+            match self.answers.pop_front().expect("a read-back answer") {
+                Some(true) => ValvesNotHeld.read_back(written).await,
+                Some(false) => ReadBack::default(),
+                None => {
+                    let e = crate::modbus::CduError::Refused {
+                        op: "read back holding 0-4 (supply_setpoint to pumps_run)".into(),
+                        code: 6,
+                        meaning: crate::modbus::exception_meaning(6),
+                    };
+                    let settings = written.iter().map(|w| w.setting).collect();
+                    ReadBack {
+                        unread: vec![(settings, e)],
+                        ..ReadBack::default()
+                    }
+                }
+            }
+        }
+        fn limits(&self) -> MapLimits {
+            Silent::default().limits()
+        }
+        fn pump_fault_bits(&self) -> [bool; 2] {
+            [true; 2]
+        }
+    }
+
+    /// The valves found not held stay so until a read-back reads them
+    /// held: a read-back that fails in between does not let the heartbeat
+    /// out again.
+    #[test]
+    fn a_read_back_that_fails_keeps_the_heartbeat_held_back_until_one_reads_it_held() {
+        let answers = [Some(true), None, Some(true), None, Some(false), None];
+        let mut d = Devices::new(
+            ReadBackInTurn {
+                answers: answers.into_iter().collect(),
+            },
+            None,
+        );
+        let mut stats = ShellStats::default();
+        let beat = |o: &Outcome| o.tried.iter().any(|(s, _)| *s == Setting::Heartbeat);
+        let beats: Vec<bool> = (0..answers.len())
+            .map(|_| beat(&run(d.write(&every_setting(), &mut stats))))
+            .collect();
+        // Found not held after step 1's beat; failed read-backs (2, 4)
+        // and a not held (3) keep it back; read held at step 5, it beats
+        // at step 6.
+        assert_eq!(beats, [true, false, false, false, false, true]);
+    }
+
     #[test]
     fn a_fault_bit_the_map_has_that_reads_no_value_refuses_the_clear() {
         // Pump A's bit is mapped and reads the CDU's "not available";
@@ -893,6 +982,7 @@ mod tests {
             write_error: Failing::default(),
             read_back_error: Failing::default(),
             safety_not_held: Failing::default(),
+            safety_unheld: Vec::new(),
             board_errors: BoardErrors::default(),
             last_read: None,
             pump_faults: None,
