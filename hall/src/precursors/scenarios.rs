@@ -521,7 +521,10 @@ impl Failure {
                     run.next_event = t;
                 }
                 if t >= run.next_event {
-                    host.gpus[g].miss = host.rng.gen_range(1..3);
+                    // A silence already running (a benign episode) runs
+                    // to the later end, never shortened.
+                    let n = host.rng.gen_range(1..3);
+                    host.gpus[g].miss = host.gpus[g].miss.max(n);
                     host.dense(t, t + 10_000);
                     let gap = exp_ms(host, every_min);
                     run.next_event = t + gap.max(10_000);
@@ -821,5 +824,27 @@ mod tests {
             .filter(|l| l.contains("\"gpu\":7,\"sample\":{\"responsive\":false"))
             .count();
         assert_eq!((longest_miss_run(&jsonl, 7), missed), (2, 4));
+    }
+
+    #[test]
+    fn a_slow_gsp_call_lengthens_a_silence_already_running_never_shortens_it() {
+        let mut host = Host::new(rand::rngs::StdRng::seed_from_u64(1), "t", "t");
+        let failure = Failure {
+            class: "gsp",
+            mechanism: Mechanism::GspSlow { every_min: 1.0 },
+            gpu: 7,
+            onset_ms: Some(0),
+            failure_ms: 3_600_000,
+            quarantine_window: (0, 0),
+        };
+        // A benign episode has the GPU silent for 5 more samples when the
+        // failing GSP's first slow call (1 or 2 samples) comes.
+        host.gpus[7].miss = 5;
+        failure.apply(&mut host, &mut Running::default(), 60_000);
+        assert_eq!(host.gpus[7].miss, 5);
+        // On a GPU that answers, the slow call starts a silence.
+        host.gpus[7].miss = 0;
+        failure.apply(&mut host, &mut Running::default(), 60_000);
+        assert!((1..3).contains(&host.gpus[7].miss), "{}", host.gpus[7].miss);
     }
 }
