@@ -17,7 +17,12 @@
 //! echoes function 6 but does not serve function 3 on its holding
 //! registers (or holds a write-only register in the run) would otherwise
 //! have every setting not taken every step, its lead pump's trip never
-//! judged and its setpoint never applied. The heartbeat is not read
+//! judged and its setpoint never applied. After a run the CDU did not
+//! answer (no answer, garbled, the link failed, a gateway that could not
+//! reach it), the later runs are not tried, as a read's later requests
+//! are not: each would wait out its own timeout, and a step waits at
+//! most two. Their settings join that run's failure, named not tried.
+//! The heartbeat is not read
 //! back: a CDU may count its watchdog register down or clear it, so what
 //! it holds says nothing of the write; its echo is checked.
 //!
@@ -174,48 +179,44 @@ impl ModbusCdu {
     /// Reads back the one-word settings of `writes`, one request per run
     /// of contiguous holding registers (at most 125 each): each setting
     /// that holds another value, and each run that could not be read,
-    /// with why.
+    /// with why. After a run the CDU did not answer, the later runs are
+    /// not tried (each would wait out its own timeout): their settings
+    /// join that run's failure, which names them not tried.
     pub(super) async fn read_back_settings(&mut self, writes: &[Write]) -> ReadBack {
         let mut failed = ReadBack::default();
         let settings = self.one_word(writes);
-        let mut rest = settings.as_slice();
-        while let [first, ..] = rest {
-            let n = rest
-                .iter()
-                .enumerate()
-                .take_while(|(i, o)| {
-                    *i < 125
-                        && u32::from(o.register.address)
-                            == u32::from(first.register.address) + *i as u32
-                })
-                .count();
-            let (run, after) = rest.split_at(n);
-            rest = after;
-            self.read_back_run(run, &mut failed).await;
+        let runs = runs(&settings);
+        for (i, run) in runs.iter().enumerate() {
+            if !self.read_back_run(run, &mut failed).await {
+                continue;
+            }
+            let rest = &runs[i + 1..];
+            if rest.is_empty() {
+                break;
+            }
+            if let Some((mut unread, e)) = failed.unread.pop() {
+                let at: Vec<String> = rest.iter().map(|r| run_named(r)).collect();
+                let why = format!(" ({} not tried after it)", at.join(", "));
+                unread.extend(rest.iter().flat_map(|r| r.iter().map(|o| o.setting)));
+                failed.unread.push((unread, reads::noted(e, &why)));
+            }
+            break;
         }
         failed
     }
 
     /// Reads back `run` (contiguous registers) in one request, adding
-    /// each failure to `failed`.
-    async fn read_back_run(&mut self, run: &[OneWord], failed: &mut ReadBack) {
-        let (first, last) = (&run[0], &run[run.len() - 1]);
-        let names = if run.len() == 1 {
-            first.register.name.clone()
-        } else {
-            format!("{} to {}", first.register.name, last.register.name)
-        };
-        let at = first.register.address;
-        let op = self.op(format_args!(
-            "read back holding {at}-{} ({names})",
-            last.register.address
-        ));
+    /// each failure to `failed`: whether the CDU did not answer it.
+    async fn read_back_run(&mut self, run: &[OneWord], failed: &mut ReadBack) -> bool {
+        let at = run[0].register.address;
+        let op = self.op(format_args!("read back {}", run_named(run)));
         let held = match self.read_holding(op, at, run.len() as u16).await {
             Ok(held) => held,
             Err(e) => {
-                return failed
-                    .unread
-                    .push((run.iter().map(|o| o.setting).collect(), e))
+                let unanswered = e.is_unanswered();
+                let settings = run.iter().map(|o| o.setting).collect();
+                failed.unread.push((settings, e));
+                return unanswered;
             }
         };
         for (o, h) in run.iter().zip(held) {
@@ -232,5 +233,40 @@ impl ModbusCdu {
             let e = self.held_other(r, o.value, &[o.word], &[h], &here, write_op);
             failed.not_held.push((vec![o.setting], e));
         }
+        false
     }
+}
+
+/// `settings` (by address) in runs of contiguous registers, at most 125
+/// each: one read-back request per run.
+fn runs(settings: &[OneWord]) -> Vec<&[OneWord]> {
+    let mut out = Vec::new();
+    let mut rest = settings;
+    while let [first, ..] = rest {
+        let n = rest
+            .iter()
+            .enumerate()
+            .take_while(|(i, o)| {
+                *i < 125
+                    && u32::from(o.register.address)
+                        == u32::from(first.register.address) + *i as u32
+            })
+            .count();
+        let (run, after) = rest.split_at(n);
+        out.push(run);
+        rest = after;
+    }
+    out
+}
+
+/// A run's registers as its read-back names them: `holding 0-4
+/// (supply_setpoint to pumps_run)`.
+fn run_named(run: &[OneWord]) -> String {
+    let (first, last) = (&run[0].register, &run[run.len() - 1].register);
+    let names = if run.len() == 1 {
+        first.name.clone()
+    } else {
+        format!("{} to {}", first.name, last.name)
+    };
+    format!("holding {}-{} ({names})", first.address, last.address)
 }

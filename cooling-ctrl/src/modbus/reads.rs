@@ -33,14 +33,20 @@ fn flag_unread(e: CduError, flag: &str) -> CduError {
         " (it lost {flag}: the whole read fails, since a pump's running flag not read \
          would be taken as the pump stopped)"
     );
+    noted(e, &why)
+}
+
+/// Failure `e` with `why` added to what was asked (its `op`); a whole
+/// write's failure as it is.
+pub(super) fn noted(e: CduError, why: &str) -> CduError {
     match e {
         CduError::Refused { op, code, meaning } => CduError::Refused {
-            op: op + &why,
+            op: op + why,
             code,
             meaning,
         },
         CduError::NoAnswer { op, after_ms } => CduError::NoAnswer {
-            op: op + &why,
+            op: op + why,
             after_ms,
         },
         CduError::Garbled {
@@ -48,20 +54,20 @@ fn flag_unread(e: CduError, flag: &str) -> CduError {
             bytes,
             after_ms,
         } => CduError::Garbled {
-            op: op + &why,
+            op: op + why,
             bytes,
             after_ms,
         },
         CduError::Io { op, source } => CduError::Io {
-            op: op + &why,
+            op: op + why,
             source,
         },
         CduError::BadAnswer { op, detail } => CduError::BadAnswer {
-            op: op + &why,
+            op: op + why,
             detail,
         },
         CduError::Value { op, source } => CduError::Value {
-            op: op + &why,
+            op: op + why,
             source,
         },
         whole @ (CduError::Partial { .. } | CduError::ReadBack { .. }) => whole,
