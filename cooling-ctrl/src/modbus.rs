@@ -118,7 +118,7 @@ pub use error::{exception_meaning, CduError};
 pub use fit::{check_map, map_limits, UnfitMap};
 pub use link::{connect_failure, Link, SerialLine, TcpTarget};
 use link::{connect_tcp, drain, open_serial, Watched};
-pub use read_back::ReadBack;
+pub use read_back::{read_back_runs, ReadBack};
 
 /// What the CDU measures, decoded with the map's scale (the decision
 /// path's type, shared with the firmware).

@@ -354,26 +354,16 @@ fn longest_exchange(map: &RegisterMap) -> (usize, String) {
 /// back in one request after a step's writes (the heartbeat left out; at
 /// most 125): its first address and its count.
 fn longest_read_back(map: &RegisterMap) -> Option<(u16, u16)> {
-    let mut at: std::vec::Vec<u16> = crate::modbus::SETTING_REGISTERS
+    let at = crate::modbus::SETTING_REGISTERS
         .iter()
         .filter(|n| **n != "heartbeat")
         .filter_map(|n| map.get(n))
         .filter(|r| r.kind == Kind::Holding && r.ty.words() == 1)
-        .map(|r| r.address)
-        .collect();
-    at.sort_unstable();
-    at.dedup();
+        .map(|r| r.address);
     let mut best: Option<(u16, u16)> = None;
-    let mut run: Option<(u16, u16)> = None;
-    for a in at {
-        run = match run {
-            Some((start, n)) if u32::from(a) == u32::from(start) + u32::from(n) && n < 125 => {
-                Some((start, n + 1))
-            }
-            _ => Some((a, 1)),
-        };
-        if run.map(|r| r.1) > best.map(|b| b.1) {
-            best = run;
+    for run in crate::modbus::read_back_runs(at) {
+        if Some(run.1) > best.map(|b| b.1) {
+            best = Some(run);
         }
     }
     best

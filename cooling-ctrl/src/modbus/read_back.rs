@@ -237,24 +237,37 @@ impl ModbusCdu {
     }
 }
 
-/// `settings` (by address) in runs of contiguous registers, at most 125
-/// each: one read-back request per run.
+/// `settings` (by address, no address twice) in runs of contiguous
+/// registers ([`read_back_runs`]): one read-back request per run.
 fn runs(settings: &[OneWord]) -> Vec<&[OneWord]> {
-    let mut out = Vec::new();
     let mut rest = settings;
-    while let [first, ..] = rest {
-        let n = rest
-            .iter()
-            .enumerate()
-            .take_while(|(i, o)| {
-                *i < 125
-                    && u32::from(o.register.address)
-                        == u32::from(first.register.address) + *i as u32
-            })
-            .count();
-        let (run, after) = rest.split_at(n);
-        out.push(run);
-        rest = after;
+    read_back_runs(settings.iter().map(|o| o.register.address))
+        .into_iter()
+        .map(|(_, n)| {
+            let (run, after) = rest.split_at(usize::from(n));
+            rest = after;
+            run
+        })
+        .collect()
+}
+
+/// The runs of holding registers `addresses` (in any order, twice or
+/// not) that a read-back asks in one request each: contiguous, at most
+/// 125 registers, each as its first address and its count, by address.
+/// The step's read-back and the serial timeout's check
+/// (`config::link`) split them the same way.
+pub fn read_back_runs(addresses: impl IntoIterator<Item = u16>) -> Vec<(u16, u16)> {
+    let mut at: Vec<u16> = addresses.into_iter().collect();
+    at.sort_unstable();
+    at.dedup();
+    let mut out: Vec<(u16, u16)> = Vec::new();
+    for a in at {
+        match out.last_mut() {
+            Some((start, n)) if u32::from(a) == u32::from(*start) + u32::from(*n) && *n < 125 => {
+                *n += 1
+            }
+            _ => out.push((a, 1)),
+        }
     }
     out
 }
@@ -269,4 +282,21 @@ fn run_named(run: &[OneWord]) -> String {
         format!("{} to {}", first.name, last.name)
     };
     format!("holding {}-{} ({names})", first.address, last.address)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_back_runs_are_contiguous_and_at_most_125_registers() {
+        assert_eq!(
+            read_back_runs([4, 0, 1, 2, 2, 10, 20]),
+            [(0, 3), (4, 1), (10, 1), (20, 1)]
+        );
+        let long = read_back_runs(0..300);
+        assert_eq!(long, [(0, 125), (125, 125), (250, 50)]);
+        assert!(read_back_runs([]).is_empty());
+        assert_eq!(read_back_runs([65_535, 65_534]), [(65_534, 2)]);
+    }
 }
