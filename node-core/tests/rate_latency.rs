@@ -167,3 +167,43 @@ fn corrected_ecc_and_nvlink_crc_rates_just_above_the_limit_are_detected_within_t
         }
     }
 }
+
+/// A steady PCIe replay rate at or just below the limit (7.9/min and
+/// 8/min against 8) is never degraded, at every `slow_counters_s` from 1
+/// to 60 s at 1, 7 and 45 s periods and every onset phase, within 20
+/// minutes. The counter steps in whole replays: read at an interval that
+/// does not divide the minute (22, 33, 37 s ...), a count between reads
+/// more than a minute apart scaled to the minute read such a rate above
+/// the limit (9 replays in 66 s); the minute is now counted from the
+/// counter's value interpolated at exactly a minute before the read, and
+/// the 2 minutes' sustain in whole replays.
+#[test]
+fn pcie_replays_at_or_below_the_limit_are_never_degraded_at_any_read_interval() {
+    let p = Policy::default();
+    let settings = [1_000, 7_000, 45_000]
+        .into_iter()
+        .flat_map(|p| (1..=60).map(move |s| (p, s * 1_000)));
+    for (period, slow_ms) in settings {
+        let every = read_interval(period, slow_ms);
+        // Tenths of a replay a minute: 7.9/min and the limit itself.
+        for tenths in [p.pcie_replays_per_min * 10 - 1, p.pcie_replays_per_min * 10] {
+            for onset in (0..every).step_by(period as usize) {
+                let found = detected(
+                    period,
+                    slow_ms,
+                    onset,
+                    20 * MINUTE_MS,
+                    ReasonCode::PCIE_REPLAY_RATE,
+                    |ms, o| {
+                        o.pcie_replay = tenths * ms / (10 * MINUTE_MS);
+                    },
+                );
+                assert_eq!(
+                    found,
+                    None,
+                    "{tenths}/10 per min, period {period} ms, read every {every} ms, onset {onset} ms: degraded"
+                );
+            }
+        }
+    }
+}

@@ -9,15 +9,20 @@
 //!
 //! Glossary:
 //! - *window*: a counter's recent values as read, for its increase over a
-//!   trailing span ([`Window`]): from the newest value read at least the
-//!   span before the newest read, scaled to the span by the time between
-//!   those two reads when that is longer ([`Increase`]). A counter read
-//!   every sample (corrected ECC, NVLink CRC) has a point at every
-//!   sample, counted back from the sample; the PCIe replay counter, read
-//!   with the slow counters, only at the samples that read it
-//!   ([`Observation::slow_held`]): a minute's count of a counter read
-//!   every 35 s is the count between reads 70 s apart, scaled by 60/70,
-//!   never a count of one read more or fewer than the minute holds.
+//!   trailing span ([`Window`]). A counter read every sample (corrected
+//!   ECC, NVLink CRC) has a point at every sample and counts from the
+//!   newest point at least the span old, scaled to the span when that is
+//!   older ([`Increase`]). The PCIe replay counter, read with the slow
+//!   counters, has a point only at the samples that read it
+//!   ([`Observation::slow_held`]) and counts over exactly the span before
+//!   its newest read, its value at the span's start interpolated between
+//!   the two reads around it ([`Window::interpolated`]): read every 22 s,
+//!   a minute's count runs from 8/22 of the way between two reads 22 s
+//!   apart, never 9 whole replays in 66 s scaled to 8.2 a minute. Read at
+//!   an interval that divides the span, a read falls on its start and the
+//!   count is whole.
+//! - *whole count*: an interpolated increase with its fraction dropped
+//!   ([`Increase::floor`]); the PCIe sustain is judged on it.
 //! - *streak*: how long a condition has held ([`Streak`]).
 
 use std::collections::VecDeque;
@@ -35,29 +40,58 @@ pub(super) struct Window {
 /// A counter's increase over a trailing span: `count` over the `over` ms
 /// between the newest point and the newest point at least the span
 /// before it. `over` exceeds the span when the reads do not fall on it (a
-/// period or a read interval that does not divide it, a gap); it is
-/// shorter while the window fills.
+/// period that does not divide it, a gap); it is shorter while the window
+/// fills. An interpolated increase ([`Window::interpolated`]) is over
+/// exactly the span and may hold a fraction of a count: `count / den`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Increase {
-    count: u64,
+    count: u128,
+    den: u64,
     over: u64,
 }
 
 impl Increase {
+    /// A whole count over `over` ms.
+    fn whole(count: u64, over: u64) -> Self {
+        Increase {
+            count: u128::from(count),
+            den: 1,
+            over,
+        }
+    }
+
+    /// The whole counts in it, the fraction dropped.
+    pub(super) fn floor(&self) -> Self {
+        Increase {
+            count: self.count / u128::from(self.den),
+            den: 1,
+            over: self.over,
+        }
+    }
+
     /// The increase per `span` ms, to the nearest: the count scaled to
     /// the span when counted over longer, as counted otherwise (over the
     /// span, or over less while the window fills: never more than seen).
     pub(super) fn per(&self, span: u64) -> u64 {
-        let over = u128::from(self.over.max(span).max(1));
-        ((u128::from(self.count) * u128::from(span) + over / 2) / over) as u64
+        let over = u128::from(self.over.max(span).max(1)) * u128::from(self.den);
+        ((self.count * u128::from(span) + over / 2) / over) as u64
     }
 
     /// Whether the rate is above `limit` per `limit_span` ms, the count
     /// taken over the time it was counted over (or over `span` while the
     /// window fills), without rounding.
     pub(super) fn above(&self, span: u64, limit: u64, limit_span: u64) -> bool {
-        u128::from(self.count) * u128::from(limit_span)
-            > u128::from(limit) * u128::from(self.over.max(span))
+        self.count * u128::from(limit_span)
+            > u128::from(limit) * u128::from(self.over.max(span)) * u128::from(self.den)
+    }
+
+    /// The count in words: whole, or to a tenth when interpolated.
+    fn count_words(&self) -> String {
+        if self.count % u128::from(self.den) == 0 {
+            format!("{}", self.count / u128::from(self.den))
+        } else {
+            format!("{:.1}", self.count as f64 / self.den as f64)
+        }
     }
 
     /// The increase in words, with what was counted: `{rate}/{per}
@@ -65,10 +99,11 @@ impl Increase {
     /// `{count} in {s} s` while the window fills.
     fn words(&self, span: u64, per: &str) -> String {
         let secs = self.over as f64 / 1000.0;
+        let count = self.count_words();
         if self.over >= span {
-            format!("{}/{per} ({} in {secs:.1} s)", self.per(span), self.count)
+            format!("{}/{per} ({count} in {secs:.1} s)", self.per(span))
         } else {
-            format!("{} in {secs:.1} s", self.count)
+            format!("{count} in {secs:.1} s")
         }
     }
 }
@@ -99,16 +134,47 @@ impl Window {
     /// else the oldest kept, to the newest, over the time between them.
     fn increase_over(&self, span: u64) -> Increase {
         let Some(&(t, last)) = self.points.back() else {
-            return Increase { count: 0, over: 0 };
+            return Increase::whole(0, 0);
         };
         // Points run oldest first: those at least `span` old come first.
         let old = self
             .points
             .partition_point(|&(pt, _)| t.saturating_sub(pt) >= span);
         let (from, first) = self.points[old.saturating_sub(1)];
+        Increase::whole(last - first, t.saturating_sub(from))
+    }
+
+    /// The increase over exactly the last `span` ms before the newest
+    /// point (at most the span pushed with), the counter's value at that
+    /// instant interpolated between the two points around it: a counter
+    /// read every 22 s counts the minute from 8/22 of the way between two
+    /// reads, never 66 s scaled to 60. Equal to [`Window::increase_over`]
+    /// when a point falls on the instant (reads that divide the span) and
+    /// while the window fills.
+    fn interpolated(&self, span: u64) -> Increase {
+        let Some(&(t, last)) = self.points.back() else {
+            return Increase::whole(0, 0);
+        };
+        let old = self
+            .points
+            .partition_point(|&(pt, _)| t.saturating_sub(pt) >= span);
+        let (Some(&(a, va)), Some(&(b, vb))) = (
+            old.checked_sub(1).and_then(|i| self.points.get(i)),
+            self.points.get(old),
+        ) else {
+            return self.increase_over(span);
+        };
+        let at = t - span;
+        if a == at {
+            return self.increase_over(span);
+        }
+        // `a < at < b`, `va <= vb <= last`: (last - v(at)) * (b - a).
+        let ab = u128::from(b - a);
+        let count = u128::from(last - va) * ab - u128::from(vb - va) * u128::from(at - a);
         Increase {
-            count: last - first,
-            over: t.saturating_sub(from),
+            count,
+            den: b - a,
+            over: span,
         }
     }
 }
@@ -315,7 +381,13 @@ impl HealthEngine {
     /// takes a point only from a sample that read it (or one that does not
     /// know it, whose held value is pushed as before: its rate falls away,
     /// never held above the limit on values not known), so its rates are
-    /// counted between reads; the streak still runs in the samples' time.
+    /// counted between reads, over exactly the minute and the 2 minutes
+    /// before the newest read (interpolated); the streak still runs in the
+    /// samples' time. Its 2 minutes are judged on whole replays, and the
+    /// GPU is degraded only while they are above the limit: a steady rate
+    /// at or below the limit, whose interpolated minute can read up to one
+    /// replay above it, counts no more whole replays in 2 minutes than
+    /// the limit allows, so it is never degraded at any read interval.
     pub(super) fn sustained_rates(
         &mut self,
         t: u64,
@@ -331,14 +403,15 @@ impl HealthEngine {
             tr.pcie
                 .push(t, o.pcie_replay, p.pcie_sustain_ms.max(60_000));
         }
-        let pcie_min = tr.pcie.increase_over(60_000);
-        let pcie_sustained = tr.pcie.increase_over(p.pcie_sustain_ms);
+        let pcie_min = tr.pcie.interpolated(60_000);
+        let pcie_sustained = tr.pcie.interpolated(p.pcie_sustain_ms).floor();
+        let pcie_over = pcie_sustained.above(p.pcie_sustain_ms, p.pcie_replays_per_min, 60_000);
         let sbe_min = tr.sbe.push(t, o.sbe_volatile, 60_000);
         let crc_min = tr.crc.push(t, o.nvlink_crc, 60_000);
         let pcie_for = tr.pcie_high.update(
             t,
             pcie_min.above(60_000, p.pcie_replays_per_min, 60_000),
-            !pcie_sustained.above(p.pcie_sustain_ms, p.pcie_replays_per_min, 60_000),
+            !pcie_over,
         );
         let sbe_for = tr
             .sbe_high
@@ -346,7 +419,7 @@ impl HealthEngine {
         let crc_for = tr
             .crc_high
             .update(t, crc_min.above(60_000, p.nvlink_crc_per_s, 1_000), true);
-        if pcie_for.is_some_and(|d| d >= p.pcie_sustain_ms) {
+        if pcie_over && pcie_for.is_some_and(|d| d >= p.pcie_sustain_ms) {
             let per = format!("{} min", p.pcie_sustain_ms / 60_000);
             let two = pcie_sustained.words(p.pcie_sustain_ms, &per);
             self.raise(
