@@ -10,7 +10,7 @@ use loopwarden_twin::goodput::mix::LLAMA3_RATE_PER_GPU_DAY;
 use loopwarden_twin::goodput::{Job, Lost, PolicySummary, Settings};
 
 use super::charts::{causes, CHARTS, SWEPT_POLICIES};
-use super::study::{false_flags, Point, Study, COVERAGE, LEAD_H, TARGET};
+use super::study::{false_flags, Point, Study, Swept, COVERAGE, LEAD_H, TARGET};
 
 /// The report page's name.
 pub const REPORT: &str = "report.md";
@@ -711,48 +711,62 @@ fn false_alarms(md: &mut String, s: &Study) {
          against the rate of false flags, every one counted as a degrade, over {trials} \
          trials each; the agent without drains and without false quarantines has {} over \
          the same {trials} trials.\n\n\
-         | false flags per GPU-day | per day for the job | ETT with drains |\n\
-         |---:|---:|---:|",
+         | false flags per GPU-day | per day for the job | ETT with drains | − the agent, points \
+         (95 %) |\n|---:|---:|---:|---:|",
         pct(agent),
     );
     let g = f64::from(s.inputs.job.gpus);
-    for &(r, e) in &s.false_alarms {
+    for w in &s.false_alarms {
+        let r = w.rate;
         let own = if r == false_flags(&s.inputs.settings) {
             " (the run's total, all as degrades)"
         } else {
             ""
         };
-        let _ = writeln!(md, "| {r:.1e}{own} | {:.2} | {} |", r * g, pct(e));
+        let d = &w.vs_agent;
+        let h = d
+            .half_width
+            .map_or("none".into(), |h| format!("{:.3}", h * 100.0));
+        let (e, m) = (pct(w.ett), d.mean * 100.0);
+        let _ = writeln!(md, "| {r:.1e}{own} | {:.2} | {e} | {m:+.3} ± {h} |", r * g);
     }
-    md.push_str(&drains_pay(&s.false_alarms, agent));
+    md.push_str(&drains_pay(&s.false_alarms));
 }
 
-/// Where drains beat the agent alone (ETT `agent`) among the false-flag
-/// rates swept, `(rate, ETT with drains)`, in words.
-fn drains_pay(swept: &[(f64, f64)], agent: f64) -> String {
-    let pays: Vec<f64> = swept
-        .iter()
-        .filter(|(_, e)| *e > agent)
-        .map(|p| p.0)
-        .collect();
-    let positive = pays
-        .iter()
-        .copied()
-        .filter(|&r| r > 0.0)
-        .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.max(r))));
-    match (positive, pays.is_empty()) {
-        (Some(r), _) => format!(
-            "\nDrains pay (beat the agent alone, both without false quarantines) up to {r:.1e} \
-             false flags per GPU-day among the rates swept. Showing a rate that low with no \
-             false alarm seen takes 3.0 / {r:.1e} = {:.0} clean GPU-days of replay (the 95 % \
+/// Where drains beat the agent alone among the false-flag rates swept, in
+/// words: only where the paired difference's 95 % interval is above 0.
+fn drains_pay(swept: &[Swept]) -> String {
+    let sure = |w: &&Swept, above: bool| {
+        let d = &w.vs_agent;
+        d.half_width.is_some() && if above { d.low() > 0.0 } else { d.high() < 0.0 }
+    };
+    let pays: Vec<&Swept> = swept.iter().filter(|w| sure(w, true)).collect();
+    let top = pays.iter().rfind(|w| w.rate > 0.0);
+    let n = swept.first().map_or(0, |w| w.vs_agent.trials);
+    match top {
+        Some(w) => format!(
+            "\nDrains pay (beat the agent alone, both without false quarantines, the paired \
+             difference's 95 % interval above 0: {:+.3} ± {:.3} points over {n} trials) up to \
+             {r:.1e} false flags per GPU-day among the rates swept. Showing a rate that low with \
+             no false alarm seen takes 3.0 / {r:.1e} = {:.0} clean GPU-days of replay (the 95 % \
              one-sided Poisson bound).\n\n",
-            3.0 / r
+            w.vs_agent.mean * 100.0,
+            w.vs_agent.half_width.unwrap_or(0.0) * 100.0,
+            3.0 / w.rate,
+            r = w.rate,
         ),
-        (None, false) => "\nDrains pay (beat the agent alone, both without false quarantines) \
-             only with no false flag at all: at every positive rate swept they fall to or \
-             below the agent.\n\n"
-            .to_string(),
-        (None, true) => "\nDrains do not pay at any rate swept.\n\n".to_string(),
+        None if swept.iter().all(|w| sure(&w, false)) => {
+            "\nDrains do not pay at any rate swept.\n\n".to_string()
+        }
+        None => {
+            format!(
+            "\n{}At no positive rate swept can drains be told apart from the agent alone (both \
+             without false quarantines) as paying over {n} trials: each paired difference's \
+             95 % interval holds 0 or lies below it{}.\n\n",
+            if pays.is_empty() { "" } else { "Drains pay only with no false flag at all. " },
+            if n < 2 { ", and one trial gives no interval" } else { "" }
+        )
+        }
     }
 }
 
@@ -789,19 +803,55 @@ mod tests {
             .unwrap_or(0)
     }
 
+    /// Rates swept, each `(rate, mean difference from the agent, its
+    /// half-width)` over `trials`.
+    fn swept(rows: &[(f64, f64, Option<f64>)], trials: u32) -> Vec<Swept> {
+        let row = |&(rate, mean, half_width): &(f64, f64, Option<f64>)| Swept {
+            rate,
+            ett: 0.9 + mean,
+            vs_agent: super::super::study::Difference {
+                key: "k",
+                name: "n",
+                mean,
+                half_width,
+                trials,
+            },
+        };
+        rows.iter().map(row).collect()
+    }
+
     #[test]
     fn drains_that_pay_only_without_false_flags_are_said_to_in_words() {
-        let words = drains_pay(&[(0.0, 0.92), (1e-6, 0.90)], 0.91);
+        let h = Some(0.001);
+        let words = drains_pay(&swept(&[(0.0, 0.01, h), (1e-6, -0.01, h)], 9));
         assert!(longest_number(&words) <= 20, "{words}");
         assert!(words.contains("only with no false flag"), "{words}");
-        let words = drains_pay(&[(0.0, 0.92), (1e-6, 0.915), (1e-5, 0.90)], 0.91);
+        let words = drains_pay(&swept(
+            &[(0.0, 0.01, h), (1e-6, 0.005, h), (1e-5, -0.01, h)],
+            9,
+        ));
         assert!(
-            words.contains("up to 1.0e-6 false flags per GPU-day"),
+            words.contains("+0.500 ± 0.100 points over 9 trials) up to 1.0e-6 false flags"),
             "{words}"
         );
         assert!(words.contains("= 3000000 clean GPU-days"), "{words}");
-        let words = drains_pay(&[(0.0, 0.90), (1e-6, 0.89)], 0.91);
+        let words = drains_pay(&swept(&[(0.0, -0.01, h), (1e-6, -0.02, h)], 9));
         assert!(words.contains("do not pay at any rate swept"), "{words}");
+    }
+
+    #[test]
+    fn drains_ahead_of_the_agent_within_the_interval_are_not_said_to_pay() {
+        // Ahead by 0.1 point, ± 0.2: not told apart.
+        let words = drains_pay(&swept(
+            &[(0.0, 0.0, Some(0.0)), (3e-5, 0.001, Some(0.002))],
+            200,
+        ));
+        assert!(!words.contains("Drains pay"), "{words}");
+        assert!(words.contains("can drains be told apart"), "{words}");
+        // One trial gives no interval: ahead by a point, yet not told apart.
+        let words = drains_pay(&swept(&[(0.0, 0.01, None), (3e-5, 0.01, None)], 1));
+        assert!(!words.contains("Drains pay"), "{words}");
+        assert!(words.contains("one trial gives no interval"), "{words}");
     }
 
     /// Llama 3's mix with every visible class flagged so rarely that
@@ -831,13 +881,19 @@ mod tests {
     #[test]
     fn drains_against_false_alarms_are_set_against_the_agent_on_the_same_trials() {
         let s = drains_do_nothing();
-        let (rate, ett) = s.false_alarms[0];
-        assert_eq!(rate, 0.0);
-        assert_eq!(ett, s.agent_swept.ett);
+        let w = &s.false_alarms[0];
+        assert_eq!(w.rate, 0.0);
+        assert!((w.ett - s.agent_swept.ett).abs() < 1e-12, "{w:?}");
+        // Paired with the agent trial by trial: with drains doing nothing
+        // the two lose the same time in every trial.
+        assert_eq!((w.vs_agent.mean, w.vs_agent.trials), (0.0, 10));
         // The headline's 50 trials differ from the sweeps' 10.
         assert_ne!(s.agent_no_false_quarantines.ett, s.agent_swept.ett);
         let md = markdown(&s, &[]);
-        assert!(md.contains("Drains do not pay at any rate swept."), "{md}");
+        assert!(
+            md.contains("At no positive rate swept can drains be told apart"),
+            "{md}"
+        );
         assert!(md.contains(&format!(
             "the agent without drains and without false quarantines has {} over the same 10 trials",
             pct(s.agent_swept.ett)

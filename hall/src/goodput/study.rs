@@ -145,8 +145,8 @@ pub struct Study {
     pub agent_swept: PolicySummary,
     /// ETT with drains against the rate of false flags (per GPU-day, all
     /// counted as degrades), with the mix's precursors (else 50 % flagged
-    /// an hour ahead).
-    pub false_alarms: Vec<(f64, f64)>,
+    /// an hour ahead), each set against the agent trial by trial.
+    pub false_alarms: Vec<Swept>,
     /// ETT against the checkpoint interval (the drain policy's without
     /// false alarms, as in every sweep).
     pub checkpoint: Vec<Point>,
@@ -406,10 +406,28 @@ fn grid(i: &Inputs, job: &Job, mix: &Mix) -> Result<Vec<Cell>, String> {
     Ok(out)
 }
 
+/// The drain policy at one rate of false flags in the false-alarm sweep.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Swept {
+    /// False flags per GPU-day, all false degrades.
+    pub rate: f64,
+    /// The drain policy's ETT.
+    pub ett: f64,
+    /// Its ETT minus the agent's (no false quarantine; a false degrade
+    /// costs the agent nothing), trial by trial over the same failures.
+    pub vs_agent: Difference,
+}
+
+/// The key and words of [`Swept::vs_agent`].
+pub const SWEPT_VS_AGENT: (&str, &str) = (
+    "agent_drain_minus_agent_no_false_quarantines",
+    "agent + drain − agent without false quarantines",
+);
+
 /// The drain policy against the rate of false flags, every one counted
 /// as a false degrade (no false quarantine): where the quarantine ends
 /// no job a drain costs the two the same.
-fn false_alarm_sweep(i: &Inputs, mix: &Mix) -> Result<Vec<(f64, f64)>, String> {
+fn false_alarm_sweep(i: &Inputs, mix: &Mix) -> Result<Vec<Swept>, String> {
     let mut rates = FALSE_ALARMS.to_vec();
     let own = false_flags(&i.settings);
     if !rates.contains(&own) {
@@ -425,9 +443,16 @@ fn false_alarm_sweep(i: &Inputs, mix: &Mix) -> Result<Vec<(f64, f64)>, String> {
                     false_quarantines_per_gpu_day: 0.0,
                     ..i.settings.clone()
                 },
+                mix: mix.clone(),
                 ..i.clone()
             };
-            Ok((r, drain_only(&i2, &i.job, mix)?.ett))
+            let both = per_trial(&i2, &[Policy::Agent, Policy::AgentDrain])?;
+            let (agent, drain) = (&both[0], &both[1]);
+            Ok(Swept {
+                rate: r,
+                ett: drain.iter().sum::<f64>() / drain.len() as f64,
+                vs_agent: Difference::paired(SWEPT_VS_AGENT, drain, agent),
+            })
         })
         .collect()
 }
