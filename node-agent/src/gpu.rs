@@ -86,9 +86,11 @@ pub struct GpuSample {
     pub recovery_action: Option<u8>,
     /// The slow counters (retired pages, the row-remap flags, the PCIe
     /// replay counter, the recovery action, energy, the aggregate ECC
-    /// counts, the per-link NVLink counters) are as last read at an
-    /// earlier sample, not read in this one; `false` (the default): read
-    /// in this one, as a source that reads every field every sample does.
+    /// counts) are as last read at an earlier sample, not read in this
+    /// one; `false` (the default): read in this one, as a source that
+    /// reads every field every sample does. The per-link NVLink counters
+    /// are not among them: read with the slow counters, they are also read
+    /// at any sample whose NVLink totals moved, whatever this says.
     pub slow_held: bool,
 }
 
