@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cooling_ctrl::decide::{Setting, Write};
 use cooling_ctrl::modbus::{CduPort, Link, ModbusCdu};
@@ -92,11 +92,10 @@ async fn after_a_read_back_request_goes_unanswered_the_later_runs_are_not_tried(
     for w in &writes {
         client.write_setting(w).await.expect("echoed right");
     }
-    let started = Instant::now();
     let back = client.read_back(&writes).await;
-    let took = started.elapsed();
+    // One request, so one timeout waited: the count, not the clock, says
+    // so (a loaded machine stretches any time measured here).
     assert_eq!(reads.load(Ordering::SeqCst), 1, "one request tried");
-    assert!(took < timeout * 2, "waited {took:?}: one timeout at most");
     assert!(back.not_held.is_empty(), "{back:?}");
     let unread: Vec<Setting> = back
         .unread
