@@ -191,7 +191,6 @@ impl Study {
             inputs.trials,
             inputs.seed,
         )?;
-        let differences = differences(&inputs)?;
         let swept = Inputs {
             trials: inputs.sweep_trials.min(inputs.trials),
             ..inputs.clone()
@@ -200,6 +199,7 @@ impl Study {
         let no_false_alarms = drain_only(&quiet(&inputs), &inputs.job, &inputs.mix)?;
         let agent_no_false_quarantines =
             policy_only(&quiet(&inputs), &inputs.job, &inputs.mix, Policy::Agent)?;
+        let differences = paired(&headline, &agent_no_false_quarantines, &no_false_alarms);
         let agent_swept = policy_only(&quiet(i), &i.job, &i.mix, Policy::Agent)?;
         let flagged = if i.mix.classes.iter().any(|c| c.precursor.coverage > 0.0) {
             i.mix.clone()
@@ -315,20 +315,19 @@ fn per_trial(i: &Inputs, policies: &[Policy]) -> Result<Vec<Vec<f64>>, String> {
     Ok(etts)
 }
 
-/// The paired differences of [`DIFFERENCES`] over the inputs' trials: the
-/// headline's three policies, and the drain policy and the agent with no
-/// false flag (the same failures: false flags are streams of their own).
-pub fn differences(i: &Inputs) -> Result<Vec<Difference>, String> {
-    let all = [Policy::Reactive, Policy::Agent, Policy::AgentDrain];
-    let [reactive, agent, drain] =
-        <[Vec<f64>; 3]>::try_from(per_trial(i, &all)?).map_err(|_| "three policies".to_string())?;
-    let quiet = per_trial(&quiet(i), &[Policy::Agent, Policy::AgentDrain])?;
-    Ok(vec![
-        Difference::paired(DIFFERENCES[0], &agent, &reactive),
-        Difference::paired(DIFFERENCES[1], &drain, &reactive),
-        Difference::paired(DIFFERENCES[2], &drain, &agent),
-        Difference::paired(DIFFERENCES[3], &quiet[1], &quiet[0]),
-    ])
+/// The paired differences of [`DIFFERENCES`] over the same trials, from
+/// each trial's ETT kept by the runs: the headline (reactive, agent,
+/// drain policy), the agent with no false quarantine and the drain policy
+/// with no false flag (the same failures: false flags are streams of
+/// their own).
+fn paired(headline: &Summary, agent: &PolicySummary, drain: &PolicySummary) -> Vec<Difference> {
+    let [reactive, agent_all, drain_all] = [0, 1, 2].map(|k| &headline.policies[k].etts);
+    vec![
+        Difference::paired(DIFFERENCES[0], agent_all, reactive),
+        Difference::paired(DIFFERENCES[1], drain_all, reactive),
+        Difference::paired(DIFFERENCES[2], drain_all, agent_all),
+        Difference::paired(DIFFERENCES[3], &drain.etts, &agent.etts),
+    ]
 }
 
 /// ETT against C, R, W, the spare pool and the collective timeout.
@@ -588,6 +587,15 @@ impl Moonshot {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    /// The paired differences as [`Study::compute`] takes them, without
+    /// the sweeps.
+    fn differences(i: &Inputs) -> Result<Vec<Difference>, String> {
+        let headline = run(&i.job, &i.settings, &i.mix, i.trials, i.seed)?;
+        let q = quiet(i);
+        let agent = policy_only(&q, &i.job, &i.mix, Policy::Agent)?;
+        Ok(paired(&headline, &agent, &drain_only(&q, &i.job, &i.mix)?))
+    }
 
     /// The drain policy's inputs over `trials`: the default job for 10
     /// days, half of each visible class flagged an hour ahead.

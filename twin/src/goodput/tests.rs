@@ -150,6 +150,28 @@ fn the_policies_see_the_same_failures_and_the_agent_ends_hangs_sooner_only_if_it
     assert!(a.ett > r.ett);
 }
 
+#[test]
+fn a_summary_keeps_each_trials_ett_in_the_trials_order() {
+    let job = Job {
+        days: 5.0,
+        ..Job::default()
+    };
+    let (t, mix) = (Settings::default(), Mix::default());
+    let both = [Policy::Reactive, Policy::AgentDrain];
+    let s = super::trials::run_policies(&job, &t, &mix, 12, 5, &both).unwrap();
+    let mut each = vec![Vec::new(); 2];
+    super::trials::each_trial((&job, &t, &mix), 12, 5, &both, |_, p, o| {
+        each[usize::from(p != Policy::Reactive)].push(o.ett());
+    });
+    for (summary, etts) in s.policies.iter().zip(&each) {
+        assert_eq!(&summary.etts, etts);
+        let mean = etts.iter().sum::<f64>() / 12.0;
+        assert!((summary.ett - mean).abs() < 1e-12);
+    }
+    // In the trials' order, not sorted.
+    assert!(each[0].windows(2).any(|w| w[0] > w[1]), "{each:?}");
+}
+
 /// The index of class `name` in `mix`.
 fn class_of(mix: &Mix, name: &str) -> usize {
     mix.classes

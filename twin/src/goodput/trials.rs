@@ -17,6 +17,9 @@ pub struct PolicySummary {
     pub policy: Policy,
     /// Mean ETT.
     pub ett: f64,
+    /// Each trial's ETT, in the trials' order: two policies run together
+    /// pair trial by trial over the same failures.
+    pub etts: Vec<f64>,
     /// 5th percentile of the trials' ETT.
     pub ett_p05: f64,
     /// 95th percentile.
@@ -177,6 +180,7 @@ impl Acc {
 
     fn summary(mut self, policy: Policy, names: &[String]) -> PolicySummary {
         let n = self.etts.len() as f64;
+        let etts = self.etts.clone();
         self.etts.sort_by(f64::total_cmp);
         let pct = |q: f64| self.etts[((n - 1.0) * q).round() as usize];
         let s = &self.sum;
@@ -184,6 +188,7 @@ impl Acc {
         PolicySummary {
             policy,
             ett: self.etts.iter().sum::<f64>() / n,
+            etts,
             ett_p05: pct(0.05),
             ett_p95: pct(0.95),
             interruptions: mean(s.interruptions),
