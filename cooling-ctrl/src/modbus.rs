@@ -286,6 +286,8 @@ pub struct ModbusCdu {
     port_held: bool,
     /// The CDU's addresses as its name was last looked up (TCP).
     resolved: Vec<std::net::SocketAddr>,
+    /// Each pump's running flag value last said as neither 0 nor 1.
+    odd_flags: [Option<f64>; 2],
     /// The requests of the last read that failed while another answered.
     gaps: Vec<CduError>,
 }
@@ -319,6 +321,7 @@ impl ModbusCdu {
             resync: false,
             port_held: false,
             resolved: Vec::new(),
+            odd_flags: [None; 2],
             gaps: Vec::new(),
         }
     }
@@ -609,7 +612,7 @@ impl CduPort for ModbusCdu {
             return_c: get(RETURN),
             flow_lpm: get(FLOW),
             facility_supply_c: get(FACILITY_SUPPLY),
-            pumps_running: self.running_flags([get(PUMP_A), get(PUMP_B)])?,
+            pumps_running: self.running_flags([get(PUMP_A), get(PUMP_B)]),
             leaks: get(LEAKS).map(|v| v as u16),
             diff_pressure_kpa: get(DIFF_PRESSURE),
             valves_closed: get(VALVES_CLOSED).map(|v| v as u16),

@@ -103,20 +103,6 @@ impl InputValues {
         self.values[i]
     }
 
-    /// A pump's running flag that reads neither 0 nor 1 (a "not
-    /// available" 0xFFFF, a status word's 2 for a fault): its register's
-    /// name and value. The read then fails whole ([`crate::reads`]), as
-    /// one that lost the flag: taken as a pump stopped, it would trip a
-    /// healthy pump.
-    pub fn odd_running_flag(&self) -> Option<(&'static str, f64)> {
-        [map::PUMP_A_RUNNING, map::PUMP_B_RUNNING]
-            .into_iter()
-            .find_map(|r| {
-                let v = self.get(r)?;
-                (v != 0.0 && v != 1.0).then_some((r.name, v))
-            })
-    }
-
     fn maybe(&self, r: Option<&Register>) -> Option<f64> {
         r.and_then(|r| self.get(r))
     }

@@ -1,13 +1,11 @@
 //! The pumps' running flags read as what they are: 0 stopped, 1 running.
 //! Any other value (a CDU's "not available" 0xFFFF, a status enum's 2 for
-//! a fault) says neither. Read as no value it would be taken as not
-//! running, and a healthy lead judged tripped, the lag started and both
-//! latched out of service, so such a read fails as a whole, as a read
-//! that lost a running flag does (`reads.rs`): what else it read is not
-//! used that step, and if it lasts the sensor timeout's failsafe
-//! follows. Its error names the register and the value. The fault flags
-//! are not read this way: any value but 0 there is a fault shown, which
-//! fails closed already.
+//! a fault) says neither: it reads `None`, which the decision path takes
+//! as not running (fail closed: the lead's trip is judged, the lag pump
+//! starts, no flow is estimated from a pump that may not run). Each such
+//! value is said once, naming the register and the value, and its end
+//! said. The fault flags are not read this way: any value but 0 there is
+//! a fault shown, which fails closed already.
 //!
 //! Glossary:
 //! - *odd flag*: a running flag that reads neither 0 nor 1.
@@ -28,31 +26,30 @@ pub(super) fn running(v: Option<f64>) -> Option<bool> {
 
 impl ModbusCdu {
     /// The pumps' running flags from the values read (`read`, pump A's
-    /// then B's; `None`: not mapped). An odd flag fails the read whole
-    /// (its gaps not reported apart), naming the register and the value.
-    pub(super) fn running_flags(
-        &mut self,
-        read: [Option<f64>; 2],
-    ) -> Result<[Option<bool>; 2], CduError> {
+    /// then B's): an odd flag reads `None`, said when it begins or its
+    /// value changes, and its end said.
+    pub(super) fn running_flags(&mut self, read: [Option<f64>; 2]) -> [Option<bool>; 2] {
         let mut out = [None; 2];
         for (i, v) in read.into_iter().enumerate() {
             out[i] = running(v);
-            let Some(odd) = v.filter(|_| out[i].is_none()) else {
+            let odd = v.filter(|_| out[i].is_none());
+            if odd == self.odd_flags[i] {
                 continue;
-            };
+            }
             let name = FLAGS[i];
             let at = self.map.get(name).map_or(0, |r| r.address);
-            self.gaps.clear();
-            return Err(CduError::BadAnswer {
-                op: self.op(format_args!("read {name} at input {at}")),
-                detail: format!(
-                    "{name} reads {odd}, neither 0 (stopped) nor 1 (running): the whole read \
-                     fails, since a pump's running flag read as no value would be taken as \
-                     the pump stopped"
+            let what = self.op(format_args!("{name} at input {at}"));
+            match (odd, v) {
+                (Some(odd), _) => tracing::warn!(
+                    "CDU: {what} reads {odd}, neither 0 (stopped) nor 1 (running): \
+                     read as no value, taken as not running"
                 ),
-            });
+                (None, Some(v)) => tracing::info!("CDU: {what} reads {v} again"),
+                (None, None) => {}
+            }
+            self.odd_flags[i] = odd;
         }
-        Ok(out)
+        out
     }
 }
 
