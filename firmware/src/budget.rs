@@ -11,6 +11,21 @@
 //! latched record's keep to flash, which must come before the step's
 //! writes, does not eat their time ([`StepBudget::kept`]).
 //!
+//! The read-back of the step's safety writes ([`crate::read_back`]: one
+//! request per run of holding registers, one for the shipped map, a
+//! request of 8 bytes and an answer of 11) goes after every write of the
+//! step, the heartbeat and the writes after it included: whatever it
+//! takes, up to its worst, they have had their time. It is asked, as any
+//! transaction, while the step has time for the least one, and its wait
+//! ends at the step's end: a CDU that answers in 60 ms gets both reads,
+//! the six writes and the read-back in a step
+//! (`a_cdu_that_answers_in_60_ms_gets_both_reads_every_write_and_the_read_back_of_a_step`).
+//! A step with no time left for it does not ask it (its settings are
+//! taken on their echo, said as the step's time ran out), and the next
+//! step does not ask it before its writes: at its worst it would leave
+//! that step's heartbeat or the writes after it unsent, which is what a
+//! read-back must never cost.
+//!
 //! A NOR part can take [`crate::board`]'s `NOR_ITEM_WORST_US` for one
 //! item (450 ms on the reference board) and the record is two items and
 //! the mark ([`LATCH_ITEMS`]): more than a step's whole budget. So the
@@ -233,21 +248,32 @@ mod tests {
     }
 
     #[test]
-    fn a_cdu_that_answers_in_60_ms_gets_both_reads_and_every_write_of_a_step() {
+    fn a_cdu_that_answers_in_60_ms_gets_both_reads_every_write_and_the_read_back_of_a_step() {
         // Two reads and six writes (valves, pumps, lead, heartbeat, speed,
-        // setpoint), each its silence, 17 bytes out, 60 ms, 27 bytes back.
+        // setpoint), then the read-back of the safety writes, each its
+        // silence, 17 bytes out, 60 ms, 27 bytes back.
         let each = 1_823 + 44 * 521 + 60_000;
         let sent = |budget: &dyn Fn(u64) -> bool| {
             let mut now = 0;
             let mut sent = 0;
-            while sent < 8 && budget(now) {
+            while sent < 9 && budget(now) {
                 now += each;
                 sent += 1;
             }
             sent
         };
         let b = StepBudget::new(0, 800_000, tx());
-        assert_eq!(sent(&|now| b.transaction_fits(now)), 8);
+        assert_eq!(sent(&|now| b.transaction_fits(now)), 9);
+        // The read-back comes last: at a CDU slower still, its time runs
+        // out before any write's does.
+        let slower = 1_823 + 44 * 521 + 70_000;
+        let mut now = 0;
+        let mut slow = 0;
+        while b.transaction_fits(now) {
+            now += slower;
+            slow += 1;
+        }
+        assert_eq!(slow, 8, "the writes all go, the read-back does not");
         // Planned at each one's worst, the heartbeat and what follows it
         // would never go.
         let worst = tx().worst_us;

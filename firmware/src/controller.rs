@@ -13,7 +13,8 @@
 //! 3. [`Controller::step`]: `Traced::Step`, its instructions counted;
 //! 4. [`Controller::to_keep`], the record to flash (the shell's),
 //!    [`Controller::kept`];
-//! 5. [`Controller::plan`], the writes (the shell's),
+//! 5. [`Controller::plan`], the writes and the read-back of the safety
+//!    writes (the shell's, [`Controller::read_back_changed`]),
 //!    [`Controller::written`];
 //! 6. [`Controller::report`]: the step's events and what the decision
 //!    path said, the core's offer to the hall's facility coordinator when
@@ -407,6 +408,23 @@ impl<'d> Controller<'d> {
         match a {
             Applied::Planned { plan, .. } => plan,
             _ => Plan::default(),
+        }
+    }
+
+    /// Step 5, its read-back (`crate::read_back`): the CDU does not hold
+    /// a safety setting it echoed, the first of a run, or holds them all
+    /// again: said on the console and to the gateway, as a latched
+    /// record not kept is.
+    #[inline(never)]
+    pub fn read_back_changed(&mut self, p: &mut impl Ports, c: &crate::read_back::Change) {
+        let error = matches!(c, crate::read_back::Change::NotHeld(_));
+        p.say(format_args!(
+            "{}: {c}",
+            if error { "error" } else { "info" }
+        ));
+        let words = said_words(c);
+        if !p.up(&Up::Said { error, words }) {
+            self.link.up_dropped = self.link.up_dropped.saturating_add(1);
         }
     }
 

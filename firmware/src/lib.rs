@@ -16,7 +16,8 @@
 //! measurements and the map's limits ([`cdu`]), the Modbus RTU master
 //! ([`rtu`]), a step's read of it, span by span, a failed span losing
 //! only its own registers ([`reads`]), a step's time planned on the worst of its waits
-//! ([`budget`]), a plan's writes carried out ([`writes`]), the latched
+//! ([`budget`]), a plan's writes carried out ([`writes`]) and its
+//! safety writes read back ([`read_back`]), the latched
 //! record's flash items ([`latch`]) and the other counts kept there
 //! ([`counters`]), the hall's figures built in ([`figures`]), what the
 //! estimator learned, restored and kept ([`learned`]), operators'
@@ -53,6 +54,7 @@ pub mod latch;
 pub mod learned;
 pub mod map;
 pub mod outbound;
+pub mod read_back;
 pub mod reads;
 pub mod rtu;
 pub mod writes;

@@ -1,6 +1,7 @@
 //! Modbus RTU master: one transaction at a time with the CDU on a serial
 //! line, the functions the Linux controller uses (read input registers,
-//! 4; write single register, 6; write multiple registers, 16, for 32-bit
+//! 4; read holding registers, 3, for the read-back of the safety writes;
+//! write single register, 6; write multiple registers, 16, for 32-bit
 //! settings). Frames are encoded and checked by `modbus-core`; the
 //! timing is this module's, on a microsecond clock:
 //! - before each request the line must have been silent for 3.5
@@ -153,6 +154,50 @@ where
                     *w = data.get(i).unwrap_or(0);
                 }
                 Ok(n)
+            }
+            Ok(_) => Err(self.failed(RtuError::BadAnswer {
+                op,
+                why: Mismatch::Length,
+            })),
+            Err(_) => Err(self.failed(RtuError::BadAnswer {
+                op,
+                why: Mismatch::Undecodable,
+            })),
+        }
+    }
+
+    /// Reads back the holding registers from `first`'s address to
+    /// `last`'s last word into `out` (function 3, `out.len()` registers):
+    /// the step's read-back of its safety writes ([`crate::read_back`]).
+    pub fn read_holding(
+        &mut self,
+        first: &Register,
+        last: &Register,
+        out: &mut [u16],
+    ) -> Result<(), RtuError> {
+        let n = out.len();
+        let count = n.min(usize::from(u16::MAX)) as u16;
+        let op = self.op(
+            OpKind::ReadHolding,
+            first.address,
+            count,
+            first.name,
+            last.name,
+        );
+        if n == 0 || n > MAX_READ {
+            return Err(RtuError::BadAnswer {
+                op,
+                why: Mismatch::Length,
+            });
+        }
+        let req = Request::ReadHoldingRegisters(first.address, count);
+        let pdu = self.transact(&op, req, 2 + 2 * n)?;
+        match Response::try_from(pdu) {
+            Ok(Response::ReadHoldingRegisters(data)) if data.len() == n => {
+                for (i, w) in out.iter_mut().enumerate() {
+                    *w = data.get(i).unwrap_or(0);
+                }
+                Ok(())
             }
             Ok(_) => Err(self.failed(RtuError::BadAnswer {
                 op,

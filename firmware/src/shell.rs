@@ -30,6 +30,7 @@ use loopwarden_firmware::latch::{self, LoadError};
 use loopwarden_firmware::learned::{self, LearnedFlash};
 use loopwarden_firmware::map::{self, Register, Span};
 use loopwarden_firmware::outbound::{FrameBuffers, FramedPort, GATEWAY_QUEUE};
+use loopwarden_firmware::read_back::{self, HoldingPort, SafetyHeld};
 use loopwarden_firmware::reads::{self, InputPort, ReadErrors};
 use loopwarden_firmware::writes::{self, SettingPort};
 use loopwarden_firmware::{counters, rtu};
@@ -107,6 +108,9 @@ pub struct Shell {
     work: (u32, u32),
     /// The CDU's reads that failed, in whole or in part, since boot.
     read_errors: ReadErrors,
+    /// What the read-backs of the safety writes found: while one is not
+    /// held, the heartbeat is withheld.
+    safety: SafetyHeld,
 }
 
 /// The only reference to the static at `p`.
@@ -191,6 +195,7 @@ impl Shell {
             budget: StepBudget::new(0, budget::STEP_BUDGET_US, TRANSACTION),
             work: (0, 0),
             read_errors: ReadErrors::default(),
+            safety: SafetyHeld::default(),
         };
         (sh, read)
     }
@@ -326,7 +331,7 @@ impl Shell {
             ctl.kept(self, ok);
         }
         let plan = ctl.plan(self);
-        let outcome = self.write_cdu(&plan);
+        let outcome = self.write_cdu(ctl, &plan);
         let writes_ok = outcome.all_ok();
         let failed = outcome.tried.iter().filter(|(_, r)| r.is_err()).count();
         ctl.written(self, outcome);
@@ -348,6 +353,7 @@ impl Shell {
             boot_peak: self.boot_peak,
             watchdog_warnings: watchdog::warnings(),
             dropped: (self.up.dropped, self.tr.dropped),
+            safety: &self.safety,
         };
         let _ = writeln!(self.console, "{line}");
         self.pump();
@@ -427,17 +433,24 @@ impl Shell {
         read
     }
 
-    /// Writes the plan, each setting on its own; each failure to the
-    /// console.
+    /// Writes the plan, each setting on its own (the heartbeat withheld
+    /// while a safety setting reads back not held), then reads back the
+    /// safety writes that went in ([`read_back::write_step`]); each
+    /// failure to the console, a change of what the CDU holds to the
+    /// gateway too.
     #[inline(never)]
-    fn write_cdu(&mut self, plan: &Plan) -> Outcome {
+    fn write_cdu(&mut self, ctl: &mut Controller<'_>, plan: &Plan) -> Outcome {
         self.pause_work();
         let mut port = RtuPort {
             cdu: &mut self.cdu,
             budget: self.budget,
         };
-        let outcome = writes::execute(&mut port, plan);
+        let (outcome, change) =
+            read_back::write_step(&mut port, plan, &mut self.safety, &mut self.console);
         self.resume_work();
+        if let Some(c) = change {
+            ctl.read_back_changed(self, &c);
+        }
         for (s, r) in &outcome.tried {
             if let Err(why) = r {
                 let _ = writeln!(self.console, "write {}: {why}", s.register());
@@ -588,6 +601,18 @@ impl SettingPort for RtuPort<'_> {
 
     fn time_left(&mut self) -> bool {
         self.budget.transaction_fits(clock::now_us())
+    }
+}
+
+impl HoldingPort for RtuPort<'_> {
+    fn read_holding(
+        &mut self,
+        first: &Register,
+        last: &Register,
+        out: &mut [u16],
+    ) -> Result<(), rtu::RtuError> {
+        self.cdu.set_deadline(self.budget.end_us());
+        self.cdu.read_holding(first, last, out)
     }
 }
 

@@ -1,6 +1,7 @@
 //! The step's status line on the console (UART2): the step, its time,
 //! its instructions and stack, the mode, what the CDU read, what was
-//! written, then the link's counts (frames in, bad and why the last
+//! written and what its read-back found (the heartbeat withheld while a
+//! safety setting reads back not held), then the link's counts (frames in, bad and why the last
 //! was, bytes the receive ring lost, repeated, the gaps
 //! in their numbers and the frames lost in them, the gateway's restarts,
 //! frames dropped out; `firmware/test-qemu.sh` shows the
@@ -15,6 +16,7 @@ use core::fmt;
 use cooling_decide::{Plan, Setting};
 use loopwarden_firmware::controller::Controller;
 use loopwarden_firmware::map::Centi;
+use loopwarden_firmware::read_back::SafetyHeld;
 use loopwarden_protocol::message::{CduMode, Pump};
 
 fn mode(m: CduMode) -> &'static str {
@@ -48,6 +50,8 @@ pub struct Line<'a, 'd> {
     pub watchdog_warnings: u32,
     /// Frames dropped for the gateway and for the trace.
     pub dropped: (u32, u32),
+    /// What the read-backs of the safety writes found.
+    pub safety: &'a SafetyHeld,
 }
 
 impl fmt::Display for Line<'_, '_> {
@@ -148,8 +152,26 @@ impl Line<'_, '_> {
             write!(f, " (valves held)")?;
         }
         match self.failed {
-            0 => write!(f, " | writes ok"),
-            n => write!(f, " | {n} writes failed"),
+            0 => write!(f, " | writes ok")?,
+            n => write!(f, " | {n} writes failed")?,
         }
+        self.read_back(f)
+    }
+
+    /// The read-backs' counts since boot, when any failed, and the
+    /// heartbeat withheld while a safety setting reads back not held.
+    fn read_back(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.safety;
+        if s.not_held > 0 || s.unread > 0 {
+            write!(
+                f,
+                " | read back: not held {} unread {}",
+                s.not_held, s.unread
+            )?;
+        }
+        if let Some(n) = s.unheld().first() {
+            write!(f, " | HEARTBEAT WITHHELD: {n}")?;
+        }
+        Ok(())
     }
 }

@@ -4,7 +4,8 @@
 //! (`cooling_ctrl::modbus::ModbusCdu::write`). Each setting goes to the
 //! map's holding register of its name ([`Setting::register`]); the
 //! heartbeat only when [`Outcome::due`] says so (every safety write that
-//! was due went in), its counter cycled through the register's range
+//! was due went in, and no safety setting is read back not held:
+//! [`crate::read_back`]), its counter cycled through the register's range
 //! ([`Register::heartbeat`], as Linux writes it); a write that fails never holds back the next, and
 //! one the step has no time left for is not sent. What became of each
 //! goes back to the decision path as an [`Outcome`].
@@ -42,6 +43,9 @@ pub enum WriteFailure<E> {
     NotInMap(&'static str),
     /// Not sent: a safety write failed (the heartbeat only).
     Withheld,
+    /// Not sent: a safety setting was read back not held, and none has
+    /// read it held since (the heartbeat only, [`crate::read_back`]).
+    NotHeld,
     /// Not sent: the step's time ran out.
     OutOfTime,
 }
@@ -55,17 +59,25 @@ impl<E: fmt::Display> fmt::Display for WriteFailure<E> {
                 write!(f, "{name}: the CDU's register map has no such setting")
             }
             WriteFailure::Withheld => write!(f, "withheld: a safety write failed"),
+            WriteFailure::NotHeld => write!(
+                f,
+                "withheld: the CDU does not hold a safety setting it echoed (read back)"
+            ),
             WriteFailure::OutOfTime => write!(f, "not sent: the step's time ran out"),
         }
     }
 }
 
-/// Writes `plan` through `port`, in order, each write on its own.
-pub fn execute<P: SettingPort>(port: &mut P, plan: &Plan) -> Outcome {
+/// Writes `plan` through `port`, in order, each write on its own; the
+/// heartbeat withheld after a safety write that failed, and while
+/// `unheld` (a safety setting read back not held, none read held since).
+pub fn execute<P: SettingPort>(port: &mut P, plan: &Plan, unheld: bool) -> Outcome {
     let mut outcome = Outcome::default();
     for w in &plan.writes {
         let r = if !outcome.due(w) {
             Err(WriteFailure::Withheld)
+        } else if unheld && w.setting == Setting::Heartbeat {
+            Err(WriteFailure::NotHeld)
         } else {
             write_one(port, w.setting, w.value)
         };
@@ -156,7 +168,7 @@ mod tests {
             budget: 10,
             written: Vec::new(),
         };
-        let o = execute(&mut cdu, &plan());
+        let o = execute(&mut cdu, &plan(), false);
         assert!(o.all_ok());
         let names: Vec<&str> = cdu.written.iter().map(|(n, _)| *n).collect();
         assert_eq!(
@@ -181,7 +193,7 @@ mod tests {
             budget: 10,
             written: Vec::new(),
         };
-        let o = execute(&mut cdu, &plan());
+        let o = execute(&mut cdu, &plan(), false);
         let failed: Vec<(Setting, String)> = (o.tried.iter())
             .filter_map(|(s, r)| r.as_ref().err().map(|w| (*s, w.to_string())))
             .collect();
@@ -206,7 +218,7 @@ mod tests {
             budget: 2,
             written: Vec::new(),
         };
-        let o = execute(&mut cdu, &plan());
+        let o = execute(&mut cdu, &plan(), false);
         assert_eq!(cdu.written.len(), 2);
         let e = o.first_error().unwrap();
         assert_eq!(
@@ -246,7 +258,7 @@ mod tests {
             budget: 10,
             written: Vec::new(),
         };
-        let o = execute(&mut cdu, &p);
+        let o = execute(&mut cdu, &p, false);
         assert_eq!(cdu.written.len(), 5);
         assert_eq!(
             o.first_error().map(|e| e.to_string()),

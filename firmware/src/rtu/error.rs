@@ -10,6 +10,8 @@ use embedded_hal_nb::serial::ErrorKind;
 pub enum OpKind {
     /// Read input registers (function 4).
     ReadInput,
+    /// Read back holding registers (function 3).
+    ReadHolding,
     /// Write one holding register (function 6).
     WriteSingle,
     /// Write holding registers (function 16).
@@ -68,6 +70,14 @@ impl fmt::Display for Op {
             OpKind::ReadInput => write!(
                 f,
                 "read input {}-{end} ({} to {})",
+                self.address, self.first, self.last
+            )?,
+            OpKind::ReadHolding if self.first == self.last => {
+                write!(f, "read back {} at holding {}", self.first, self.address)?
+            }
+            OpKind::ReadHolding => write!(
+                f,
+                "read back holding {}-{end} ({} to {})",
                 self.address, self.first, self.last
             )?,
             OpKind::WriteSingle | OpKind::WriteMultiple => {
@@ -203,7 +213,7 @@ impl fmt::Display for RtuError {
             ),
             RtuError::Refused { op, code } => {
                 match op.kind {
-                    OpKind::ReadInput => f.write_str("the CDU refused it")?,
+                    OpKind::ReadInput | OpKind::ReadHolding => f.write_str("the CDU refused it")?,
                     _ => write!(f, "the CDU refused {}", op.words())?,
                 }
                 write!(f, " with exception {code} (")?;

@@ -545,3 +545,29 @@ fn a_read_answered_with_too_few_or_too_many_registers_is_the_wrong_length_at_onc
         assert!(waited < 20_000, "{words} registers: waited {waited} us");
     }
 }
+
+#[test]
+fn a_read_back_asks_function_3_for_its_run_and_a_refusal_names_it() {
+    let lead = crate::cdu::holding("lead_pump").unwrap();
+    let pumps = crate::cdu::holding("pumps_run").unwrap();
+    let refused = frame(&[1, 0x83, 2]);
+    let (mut m, wire, _) = master(std::vec![
+        ok(frame(&[1, 3, 6, 0, 0, 0, 11, 0, 1])),
+        ok(refused)
+    ]);
+    let mut out = [0u16; 3];
+    m.read_holding(lead, pumps, &mut out).unwrap();
+    assert_eq!(out, [0, 11, 1]);
+    assert_eq!(wire.borrow().sent[0].1, frame(&[1, 3, 0, 2, 0, 3]));
+    let e = m.read_holding(lead, pumps, &mut out).unwrap_err();
+    assert_eq!(
+        std::format!("{e}"),
+        "read back holding 2-4 (lead_pump to pumps_run) of unit 1: the CDU refused it with exception 2 (Illegal data address)"
+    );
+    let e = m.read_holding(lead, lead, &mut out[..1]).unwrap_err();
+    assert!(
+        std::format!("{e}")
+            .starts_with("read back lead_pump at holding 2 of unit 1: no whole answer"),
+        "{e}"
+    );
+}

@@ -1,0 +1,570 @@
+//! The read-back of a step's safety writes, as the Linux controller reads
+//! back its settings (`cooling_ctrl::modbus`'s `read_back`): a write's
+//! echo does not show what the CDU holds (function 6 echoes the request
+//! itself, whatever the CDU kept), so a CDU that ignores a valve close or
+//! a pump's run flag without an exception would be fed a heartbeat that
+//! says all is well while it runs what it ran before. After the step's
+//! writes ([`write_step`]), the safety settings that went in
+//! ([`Setting::safety`]: the valve word, the pumps to run, the lead pump;
+//! the only ones read back, for the step's time) are read back (function
+//! 3), one request per run of contiguous holding registers (one for the
+//! shipped map). A setting that reads back another value than written is
+//! not taken (its write's answer in the [`Outcome`] becomes the failure),
+//! and the heartbeat is withheld from the next step on
+//! ([`crate::writes::WriteFailure::NotHeld`]), through the path that withholds it after
+//! a safety write that failed, until a read-back reads every such setting
+//! held: the CDU then falls back to its own control within its watchdog
+//! time. One not read back since (its write refused or not planned, its
+//! read-back failed) stays not held.
+//!
+//! The read-back comes after the heartbeat and the writes after it, so it
+//! never takes their time; a run is asked only while the step has time
+//! for a transaction ([`crate::budget`]), and its waits end at the step's
+//! end. A run that fails (no answer, refused, a bad answer) or that the
+//! step's time left unasked leaves its settings as their echo said
+//! (taken), as on Linux: a CDU that does not serve function 3 on its
+//! holding registers would otherwise have its lead pump's trip never
+//! judged. After a run the CDU did not answer, the later runs are not
+//! asked (each would wait out its own timeout), as a read's later spans
+//! are not.
+//!
+//! Glossary:
+//! - *held*: the words a setting's registers read back.
+//! - *run*: contiguous holding registers read back in one request.
+
+use core::fmt;
+
+use cooling_decide::{Outcome, Plan, Setting};
+
+use crate::cdu::holding;
+use crate::map::{self, Register};
+use crate::rtu::{RtuError, MAX_READ};
+use crate::writes::{self, SettingPort};
+
+/// The CDU's holding registers, read back within the step's time.
+pub trait HoldingPort: SettingPort {
+    /// Reads the `out.len()` holding registers from `first`'s address to
+    /// `last`'s last word into `out`.
+    fn read_holding(
+        &mut self,
+        first: &Register,
+        last: &Register,
+        out: &mut [u16],
+    ) -> Result<(), RtuError>;
+}
+
+/// The safety settings: at most one of each in a step's writes.
+const SAFETY: usize = 3;
+
+/// A safety setting the CDU echoed but reads back holding another value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotHeld {
+    /// Which.
+    pub setting: Setting,
+    /// Its register's first address.
+    pub address: u16,
+    /// The words written, the first `len`.
+    pub written: [u16; 2],
+    /// The words read back, the first `len`.
+    pub held: [u16; 2],
+    /// The register's words.
+    pub len: usize,
+}
+
+/// Words as said: `word 15`, `words 1, 34464`.
+struct Said<'a>(&'a [u16]);
+
+impl fmt::Display for Said<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.len() == 1 { "word" } else { "words" })?;
+        for (i, w) in self.0.iter().enumerate() {
+            write!(f, "{}{w}", if i == 0 { " " } else { ", " })?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for NotHeld {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} at holding {} reads back {}, not the {} written: the CDU did not take it",
+            self.setting.register(),
+            self.address,
+            Said(&self.held[..self.len]),
+            Said(&self.written[..self.len])
+        )
+    }
+}
+
+/// What the read-back of the safety settings said since the start.
+#[derive(Debug, Clone, Default)]
+pub struct SafetyHeld {
+    /// The safety settings found not held, none read held since: while
+    /// any is, the heartbeat is withheld.
+    unheld: heapless::Vec<NotHeld, SAFETY>,
+    /// Read-backs that found a safety setting not held, since boot.
+    pub not_held: u32,
+    /// Read-back requests that failed or were not asked, since boot:
+    /// their settings taken on their echo.
+    pub unread: u32,
+}
+
+/// A change of whether the CDU holds its safety settings, for the
+/// gateway's log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// None was found not held before; this one is (the first of them).
+    NotHeld(NotHeld),
+    /// Every one found not held reads back held again.
+    HeldAgain,
+}
+
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Change::NotHeld(n) => write!(
+                f,
+                "read back: {n}; the heartbeat is withheld until it does, so the CDU falls back to its own control"
+            ),
+            Change::HeldAgain => f.write_str(
+                "read back: the CDU holds its safety settings again; the heartbeat is written again",
+            ),
+        }
+    }
+}
+
+impl SafetyHeld {
+    /// Whether the heartbeat is withheld: a safety setting was read back
+    /// not held, and none has read it held since.
+    pub fn withholds(&self) -> bool {
+        !self.unheld.is_empty()
+    }
+
+    /// The settings found not held, none read held since.
+    pub fn unheld(&self) -> &[NotHeld] {
+        &self.unheld
+    }
+
+    /// A read-back of `read` (the settings read back held or not) that
+    /// found `found` not held: one read held leaves, one found not held
+    /// comes in (or is renewed). The change, if any.
+    fn judge(&mut self, read: &[Setting], found: &[NotHeld]) -> Option<Change> {
+        let was = self.withholds();
+        self.unheld.retain(|u| !read.contains(&u.setting));
+        for n in found {
+            // At most one of each safety setting: the push cannot fail.
+            let _ = self.unheld.push(*n);
+        }
+        if !found.is_empty() {
+            self.not_held = self.not_held.wrapping_add(1);
+        }
+        match (was, self.unheld.first()) {
+            (false, Some(n)) => Some(Change::NotHeld(*n)),
+            (true, None) => Some(Change::HeldAgain),
+            _ => None,
+        }
+    }
+}
+
+/// A safety setting that went in: its register and the words written.
+#[derive(Debug, Clone, Copy)]
+struct Written {
+    setting: Setting,
+    register: &'static Register,
+    words: map::Words,
+}
+
+/// The safety settings of `plan` whose write went in, by address.
+fn went_in(plan: &Plan, outcome: &Outcome) -> heapless::Vec<Written, SAFETY> {
+    let ok = |s: Setting| outcome.tried.iter().any(|(t, r)| *t == s && r.is_ok());
+    let mut out: heapless::Vec<Written, SAFETY> = heapless::Vec::new();
+    for w in plan.writes.iter().filter(|w| w.setting.safety()) {
+        let Some(register) = holding(w.setting.register()) else {
+            continue;
+        };
+        let Ok(words) = map::encode(register, w.value) else {
+            continue;
+        };
+        if ok(w.setting) {
+            let _ = out.push(Written {
+                setting: w.setting,
+                register,
+                words,
+            });
+        }
+    }
+    out.sort_unstable_by_key(|w| w.register.address);
+    out
+}
+
+/// The next run of `rest` (by address): its settings, and their words.
+fn next_run(rest: &[Written]) -> (usize, usize) {
+    let mut n = 0;
+    let mut words = 0usize;
+    for w in rest {
+        let at = usize::from(rest[0].register.address) + words;
+        if usize::from(w.register.address) != at || words + w.words.len() > MAX_READ {
+            break;
+        }
+        n += 1;
+        words += w.words.len();
+    }
+    (n, words)
+}
+
+/// Writes `plan` through `port` ([`writes::execute`], the heartbeat
+/// withheld while `held` says so), then reads back the safety settings
+/// that went in: one found not held becomes its write's failure and
+/// withholds the heartbeat from the next step. Each read-back that failed
+/// is said on `console`. The outcome, and the change for the gateway's
+/// log.
+pub fn write_step<P: HoldingPort>(
+    port: &mut P,
+    plan: &Plan,
+    held: &mut SafetyHeld,
+    console: &mut impl fmt::Write,
+) -> (Outcome, Option<Change>) {
+    let mut outcome = writes::execute(port, plan, held.withholds());
+    let written = went_in(plan, &outcome);
+    let mut read: heapless::Vec<Setting, SAFETY> = heapless::Vec::new();
+    let mut found: heapless::Vec<NotHeld, SAFETY> = heapless::Vec::new();
+    let mut rest = &written[..];
+    while !rest.is_empty() {
+        let (n, words) = next_run(rest);
+        let (run, after) = rest.split_at(n);
+        rest = after;
+        let why = match read_run(port, run, words) {
+            Ok(held) => {
+                judge_run(run, &held[..words], &mut read, &mut found);
+                continue;
+            }
+            Err(why) => why,
+        };
+        held.unread = held.unread.wrapping_add(1);
+        let _ = match why {
+            RunFailure::Port(e) => writeln!(console, "{e}: taken as their write's echo said"),
+            RunFailure::OutOfTime => writeln!(
+                console,
+                "read back {}: not asked: the step's time ran out; taken as their write's echo said",
+                Names(run)
+            ),
+        };
+        if !matches!(why, RunFailure::Port(RtuError::Refused { .. })) {
+            if !rest.is_empty() {
+                held.unread = held.unread.wrapping_add(1);
+                let _ = writeln!(
+                    console,
+                    "read back {}: not asked after it: taken as their write's echo said",
+                    Names(rest)
+                );
+            }
+            break;
+        }
+    }
+    for n in &found {
+        if let Some(t) = outcome.tried.iter_mut().find(|(s, _)| *s == n.setting) {
+            t.1 = Err(cooling_decide::said::words(n));
+        }
+    }
+    let change = held.judge(&read, &found);
+    (outcome, change)
+}
+
+/// Why a run was not read back.
+#[derive(Debug, Clone, Copy)]
+enum RunFailure {
+    /// The CDU or the line failed it.
+    Port(RtuError),
+    /// Not asked: the step's time ran out.
+    OutOfTime,
+}
+
+/// Reads back `run` (`words` registers from its first address).
+fn read_run<P: HoldingPort>(
+    port: &mut P,
+    run: &[Written],
+    words: usize,
+) -> Result<[u16; 2 * SAFETY], RunFailure> {
+    let mut held = [0u16; 2 * SAFETY];
+    if !port.time_left() {
+        return Err(RunFailure::OutOfTime);
+    }
+    let (first, last) = (run[0].register, run[run.len() - 1].register);
+    port.read_holding(first, last, &mut held[..words])
+        .map_err(RunFailure::Port)?;
+    Ok(held)
+}
+
+/// The words `held` read back for `run`: each setting read into `read`,
+/// each holding another value than written into `found`.
+fn judge_run(
+    run: &[Written],
+    held: &[u16],
+    read: &mut heapless::Vec<Setting, SAFETY>,
+    found: &mut heapless::Vec<NotHeld, SAFETY>,
+) {
+    let mut at = 0;
+    for w in run {
+        let len = w.words.len();
+        let back = &held[at..at + len];
+        at += len;
+        let _ = read.push(w.setting);
+        if back == w.words.as_slice() {
+            continue;
+        }
+        let mut n = NotHeld {
+            setting: w.setting,
+            address: w.register.address,
+            written: [0; 2],
+            held: [0; 2],
+            len,
+        };
+        n.written[..len].copy_from_slice(&w.words);
+        n.held[..len].copy_from_slice(back);
+        let _ = found.push(n);
+    }
+}
+
+/// Settings' names as a read-back says them: `lead_pump to pumps_run`.
+struct Names<'a>(&'a [Written]);
+
+impl fmt::Display for Names<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (first, last) = (self.0[0].register, self.0[self.0.len() - 1].register);
+        if self.0.len() == 1 {
+            write!(f, "{} at holding {}", first.name, first.address)
+        } else {
+            write!(
+                f,
+                "{} to {} at holding {}",
+                first.name, last.name, first.address
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cooling_decide::Write;
+    use std::collections::BTreeMap;
+    use std::string::{String, ToString};
+    use std::vec::Vec;
+
+    use crate::rtu::{Op, OpKind};
+
+    /// A CDU that echoes every write, holds what it takes, and reads its
+    /// holding registers back.
+    struct Cdu {
+        holding: BTreeMap<u16, u16>,
+        /// Registers it echoes but does not take.
+        ignores: Vec<&'static str>,
+        /// It does not answer a read-back.
+        silent: bool,
+        /// Transactions the step has time for.
+        budget: usize,
+        /// What it was sent: each write's register, each read-back's
+        /// first address and count.
+        writes: Vec<&'static str>,
+        reads: Vec<(u16, usize)>,
+    }
+
+    impl Cdu {
+        fn new() -> Self {
+            Self {
+                holding: BTreeMap::new(),
+                ignores: Vec::new(),
+                silent: false,
+                budget: 100,
+                writes: Vec::new(),
+                reads: Vec::new(),
+            }
+        }
+
+        /// Runs one step of `plan`, as the board's shell does.
+        fn step(
+            &mut self,
+            plan: &Plan,
+            held: &mut SafetyHeld,
+        ) -> (Outcome, Option<Change>, String) {
+            self.writes.clear();
+            let mut console = String::new();
+            let (o, c) = write_step(self, plan, held, &mut console);
+            (o, c, console)
+        }
+    }
+
+    impl SettingPort for Cdu {
+        type Error = String;
+        fn write(&mut self, r: &Register, words: &[u16]) -> Result<(), String> {
+            self.budget -= 1;
+            self.writes.push(r.name);
+            if !self.ignores.contains(&r.name) {
+                for (i, w) in words.iter().enumerate() {
+                    self.holding.insert(r.address + i as u16, *w);
+                }
+            }
+            Ok(())
+        }
+        fn time_left(&mut self) -> bool {
+            self.budget > 0
+        }
+    }
+
+    impl HoldingPort for Cdu {
+        fn read_holding(
+            &mut self,
+            first: &Register,
+            last: &Register,
+            out: &mut [u16],
+        ) -> Result<(), RtuError> {
+            self.budget -= 1;
+            self.reads.push((first.address, out.len()));
+            let op = Op {
+                kind: OpKind::ReadHolding,
+                unit: 1,
+                address: first.address,
+                count: out.len() as u16,
+                first: first.name,
+                last: last.name,
+                sent: [0; 2],
+            };
+            if self.silent {
+                return Err(RtuError::NoAnswer {
+                    op,
+                    after_us: 200_000,
+                    got: 0,
+                    cut: false,
+                });
+            }
+            for (i, w) in out.iter_mut().enumerate() {
+                *w = self
+                    .holding
+                    .get(&(first.address + i as u16))
+                    .copied()
+                    .unwrap_or(0);
+            }
+            Ok(())
+        }
+    }
+
+    /// Valves `valves` (bit n: rack n open), pump A to run and lead.
+    fn plan(valves: u16) -> Plan {
+        let values = [f64::from(valves), 1.0, 0.0, 7.0, 80.0, 30.13];
+        Plan {
+            writes: Setting::ORDER
+                .iter()
+                .zip(values)
+                .map(|(s, v)| Write {
+                    setting: *s,
+                    value: v,
+                })
+                .collect(),
+        }
+    }
+
+    fn why(o: &Outcome, s: Setting) -> Option<String> {
+        let (_, r) = o.tried.iter().find(|(t, _)| *t == s)?;
+        r.as_ref().err().map(|w| w.to_string())
+    }
+
+    #[test]
+    fn a_valve_close_the_cdu_echoes_but_does_not_hold_withholds_the_heartbeat_until_it_reads_back_closed(
+    ) {
+        let mut cdu = Cdu::new();
+        let mut held = SafetyHeld::default();
+        // Every rack open, taken and held.
+        let (o, change, _) = cdu.step(&plan(0b1111), &mut held);
+        assert!(o.all_ok() && change.is_none() && !held.withholds());
+        // Rack 2 to close: the CDU echoes the write and keeps it open.
+        cdu.ignores.push("valves_open");
+        let (o, change, _) = cdu.step(&plan(0b1011), &mut held);
+        assert!(cdu.writes.contains(&"heartbeat"), "read back after it");
+        let said = "valves_open at holding 3 reads back word 15, not the word 11 written: \
+                    the CDU did not take it";
+        assert_eq!(why(&o, Setting::Valves).as_deref(), Some(said));
+        assert!(!o.taken().valves, "not taken");
+        assert!(matches!(change, Some(Change::NotHeld(n)) if n.setting == Setting::Valves));
+        assert!(change
+            .unwrap()
+            .to_string()
+            .contains("heartbeat is withheld"));
+        assert_eq!(held.not_held, 1);
+        // The next step writes no heartbeat, the rest as planned.
+        let (o, change, _) = cdu.step(&plan(0b1011), &mut held);
+        assert!(!cdu.writes.contains(&"heartbeat"), "{:?}", cdu.writes);
+        assert_eq!(cdu.writes.len(), 5);
+        assert_eq!(
+            why(&o, Setting::Heartbeat).as_deref(),
+            Some("withheld: the CDU does not hold a safety setting it echoed (read back)")
+        );
+        assert_eq!(change, None, "said once");
+        // The CDU takes the close: this step's read-back reads it closed,
+        // and the heartbeat goes again from the next step.
+        cdu.ignores.clear();
+        let (o, change, _) = cdu.step(&plan(0b1011), &mut held);
+        assert!(!cdu.writes.contains(&"heartbeat"));
+        assert_eq!(why(&o, Setting::Valves), None);
+        assert_eq!(change, Some(Change::HeldAgain));
+        assert!(!held.withholds());
+        let (o, change, _) = cdu.step(&plan(0b1011), &mut held);
+        assert!(cdu.writes.contains(&"heartbeat"));
+        assert!(o.all_ok() && change.is_none());
+        assert_eq!(cdu.holding.get(&3), Some(&0b1011));
+    }
+
+    #[test]
+    fn the_safety_settings_are_read_back_in_one_request_per_run_the_others_not_at_all() {
+        let mut cdu = Cdu::new();
+        let mut held = SafetyHeld::default();
+        cdu.step(&plan(0b1111), &mut held);
+        // lead_pump, valves_open and pumps_run: holding 2 to 4, one run;
+        // the heartbeat, the speed and the setpoint are not read back.
+        assert_eq!(cdu.reads, [(2, 3)]);
+        // A safety write that did not go in is not read back.
+        cdu.reads.clear();
+        let mut p = plan(0b1111);
+        p.writes[0].value = 70_000.0;
+        let (o, _, _) = cdu.step(&p, &mut held);
+        assert!(why(&o, Setting::Valves).is_some());
+        assert_eq!(cdu.reads, [(2, 1), (4, 1)], "two runs about the gap");
+    }
+
+    #[test]
+    fn a_read_back_that_fails_leaves_the_settings_taken_and_what_was_not_held_not_held() {
+        let mut cdu = Cdu::new();
+        let mut held = SafetyHeld::default();
+        cdu.silent = true;
+        let (o, change, console) = cdu.step(&plan(0b1111), &mut held);
+        assert!(o.all_ok() && change.is_none(), "taken on their echo");
+        assert!(
+            console.contains("no whole answer within 200 ms")
+                && console.contains("taken as their write's echo said"),
+            "{console}"
+        );
+        assert_eq!(held.unread, 1);
+        // Found not held, then a read-back that fails: still withheld.
+        cdu.silent = false;
+        cdu.ignores.push("pumps_run");
+        let mut both = plan(0b1111);
+        both.writes[1].value = 3.0;
+        let (o, _, _) = cdu.step(&both, &mut held);
+        assert!(why(&o, Setting::PumpsRun).is_some_and(|w| w.contains("reads back word 1")));
+        assert!(held.withholds());
+        cdu.ignores.clear();
+        cdu.silent = true;
+        cdu.step(&plan(0b1111), &mut held);
+        assert!(held.withholds(), "not read held");
+        // A step with no time left for it: not asked, taken, said so.
+        cdu.silent = false;
+        cdu.budget = 5;
+        let (o, change, console) = cdu.step(&plan(0b1111), &mut held);
+        assert!(
+            console.contains("not asked: the step's time ran out"),
+            "{console}"
+        );
+        assert_eq!(why(&o, Setting::PumpsRun), None);
+        assert!(change.is_none() && held.withholds());
+    }
+}
