@@ -20,7 +20,9 @@
 //! A file that cannot be read, parsed or believed stops the build with
 //! the file and the reason; a map without a register the firmware needs
 //! names it; figures the firmware would refuse at start, or a map whose
-//! valve word cannot hold their racks, stop it too.
+//! valve word cannot hold their racks or whose supply_setpoint range
+//! leaves none of their setpoints (the firmware's check at start, and
+//! `run`'s), stop it too.
 
 use std::path::{Path, PathBuf};
 
@@ -86,12 +88,12 @@ fn generate(board_file: &Path, map_file: &Path, given: &Given, out: &Path) -> Re
     let m = map::Map::load(map_file)?;
     write(&out.join("cdu_map.rs"), &m.table()?)?;
     write(&out.join("operators.rs"), &operators::table(given.keyring)?)?;
-    let (table, racks) = figures::table(given.figures, out)?;
+    let (table, cfg) = figures::table(given.figures, out)?;
     let source = given.figures.map_or_else(
         || "of the reference hall".to_string(),
         |f| format!("in {}", f.display()),
     );
-    m.check_racks(racks, &source)?;
+    m.check_figures(&cfg, &source)?;
     write(&out.join("figures.rs"), &table)?;
     Ok(())
 }

@@ -8,7 +8,11 @@
 //! ranges but the valve word's, which the firmware judges at start
 //! against the racks of its figures). A map without one of [`NEEDED`] is
 //! refused with its name; one of [`OPTIONAL`] it may lack (it then reads
-//! `None`, as on the Linux controller).
+//! `None`, as on the Linux controller). The figures built in are then
+//! held to the map as the firmware holds them at start
+//! ([`Map::check_figures`]: the valve word against their racks, the
+//! setpoint's range against theirs), so that a map the firmware would
+//! refuse to run on stops the build.
 //!
 //! Glossary:
 //! - *span*: a run of contiguous input registers read in one request.
@@ -16,6 +20,9 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use cooling_core::CoreConfig;
+use cooling_decide::writes::tighten;
+use cooling_decide::{MapLimits, Setting};
 use loopwarden_modbus_map::fit::{check_fit, check_serial_unit_id};
 use loopwarden_modbus_map::{input_spans, Kind, MapFile, Register};
 
@@ -84,6 +91,40 @@ impl Map {
                 self.origin
             )
         })
+    }
+
+    /// The figures built in (`cfg`, from `figures`) held to the map as
+    /// the firmware holds them at start, where it refuses to run on what
+    /// fails: the valve word holds their racks ([`Map::check_racks`]);
+    /// the map's supply_setpoint (and pump_speed) range leaves the site's
+    /// setpoints a range, the configuration so held one the core takes
+    /// (`cooling_decide::writes::tighten`, as `run` checks its map at
+    /// start).
+    pub fn check_figures(&self, cfg: &CoreConfig, figures: &str) -> Result<(), String> {
+        self.check_racks(cfg.layout.racks, figures)?;
+        let mut held = *cfg;
+        tighten(&mut held, &self.limits())
+            .and_then(|_| held.validate())
+            .map_err(|e| {
+                format!(
+                    "{}: {e} (the figures {figures}): the firmware would refuse to run on them",
+                    self.origin
+                )
+            })
+    }
+
+    /// What the map says of the settings, as the firmware reads it at
+    /// start (`cdu::map_limits`): which it has, the setpoint's and the
+    /// speed's ranges, and whether it reads the valve positions.
+    fn limits(&self) -> MapLimits {
+        let holding = |name: &str| self.get(name).filter(|r| r.kind == Kind::Holding);
+        let range = |s: Setting| holding(s.register()).and_then(|r| r.min.zip(r.max));
+        MapLimits {
+            mapped: Setting::ORDER.map(|s| holding(s.register()).is_some()),
+            setpoint_c: range(Setting::Setpoint),
+            speed_pct: range(Setting::PumpSpeed),
+            positions: self.get("valves_closed").is_some(),
+        }
     }
 
     /// Every register of [`NEEDED`] is there, of its kind, and every

@@ -55,9 +55,9 @@ mod tests {
         cfg.layout.racks = 6;
         let good = encode(&cfg);
         std::fs::write(&file, good).unwrap();
-        let (table, racks) = super::figures::table(Some(&file), &d).unwrap();
+        let (table, built) = super::figures::table(Some(&file), &d).unwrap();
         assert!(table.contains("include_bytes!"), "{table}");
-        assert_eq!(racks, 6);
+        assert_eq!(built, cfg);
         // One byte flipped: its CRC no longer holds.
         let mut flipped = good;
         flipped[20] ^= 0x01;
@@ -96,6 +96,46 @@ mod tests {
         assert!(e.starts_with(&file.display().to_string()), "{e}");
         assert!(e.contains("valves_open"), "{e}");
         assert!(e.contains("the 6 racks of the figures in hall.bin"), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A map whose supply_setpoint range leaves no setpoint the site's
+    /// figures take (the firmware holds the figures to the map at start,
+    /// `cooling_decide::writes::tighten`, and refuses to run) stops the
+    /// build, naming the map and both ranges.
+    #[test]
+    fn a_map_whose_setpoint_range_misses_the_figures_setpoints_stops_the_build() {
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(here.join("../boards/cdus/sim-cdu.toml")).unwrap();
+        let d = folder("map-setpoint");
+        let file = d.join("cold.toml");
+        let range = "min = 17.0\nmax = 45.0\ndescription = \"supply temperature setpoint";
+        assert_eq!(text.matches(range).count(), 1);
+        let reference = CoreConfig::reference();
+        // The shipped map's range is the reference hall's own.
+        std::fs::write(&file, &text).unwrap();
+        let m = super::map::Map::load(&file).unwrap();
+        assert!(m.check_figures(&reference, "of the reference hall").is_ok());
+        // 10 to 16 °C: below the reference hall's lowest setpoint, 17 °C.
+        let cold = text.replace(
+            range,
+            &range.replace("17.0", "10.0").replace("45.0", "16.0"),
+        );
+        std::fs::write(&file, cold).unwrap();
+        let m = super::map::Map::load(&file).unwrap();
+        let e = m
+            .check_figures(&reference, "of the reference hall")
+            .unwrap_err();
+        assert!(e.starts_with(&file.display().to_string()), "{e}");
+        assert!(e.contains("supply_setpoint 10.0 to 16.0 °C"), "{e}");
+        assert!(e.contains("from 17.0 °C"), "{e}");
+        assert!(e.contains("to 45.0 °C"), "{e}");
+        assert!(e.contains("the figures of the reference hall"), "{e}");
+        // A range that meets the site's is held to, not refused.
+        let narrow = text.replace(range, &range.replace("45.0", "30.0"));
+        std::fs::write(&file, narrow).unwrap();
+        let m = super::map::Map::load(&file).unwrap();
+        assert!(m.check_figures(&reference, "of the reference hall").is_ok());
         std::fs::remove_dir_all(&d).unwrap();
     }
 }
