@@ -256,8 +256,11 @@ impl Board {
             return Err("watchdog.timeout_ms: its ticks must fit the watchdog's 32 bits".into());
         }
         self.check_watchdog()?;
-        if !(1..=8).contains(&self.fpgaio.leds) {
-            return Err("fpgaio.leds: 1 to 8".into());
+        if !(2..=8).contains(&self.fpgaio.leds) {
+            return Err(format!(
+                "fpgaio.leds {}: 2 to 8 (LED 0 blinks each step, LED 1 shows a latched leak)",
+                self.fpgaio.leds
+            ));
         }
         self.leak_ropes.check()
     }
@@ -618,5 +621,17 @@ mod tests {
             e.contains(".toml: leak_ropes.gpio [3, 7]: this firmware reads no rope pins"),
             "{e}"
         );
+    }
+
+    /// LED 0 blinks each step and LED 1 shows a latched leak: a board
+    /// with fewer would stop the firmware at boot.
+    #[test]
+    fn a_board_with_fewer_than_two_leds_is_refused() {
+        assert!(load_edited("leds = 2", "leds = 8", "eight-leds").is_ok());
+        for n in [0, 1, 9] {
+            let e = load_edited("leds = 2", &format!("leds = {n}"), "leds").unwrap_err();
+            assert!(e.contains(&format!("fpgaio.leds {n}: 2 to 8")), "{e}");
+            assert!(e.contains("LED 1 shows a latched leak"), "{e}");
+        }
     }
 }
