@@ -194,6 +194,7 @@ impl Board {
     }
 
     fn check(&self) -> Result<(), String> {
+        self.check_clock()?;
         let code = (self.memory.code.base, self.memory.code.size);
         let ram = (self.memory.ram.base, self.memory.ram.size);
         let nor = (self.nor.base, self.nor.size);
@@ -201,24 +202,7 @@ impl Board {
             return Err("memory.code, memory.ram and nor must not overlap (the NOR region lies outside the loaded image)".into());
         }
         self.check_places(code, ram, nor)?;
-        let n = &self.nor;
-        if n.write_bytes == 0 || n.sector_bytes % n.write_bytes != 0 || n.size % n.sector_bytes != 0
-        {
-            return Err(format!(
-                "nor: size {} must be whole sectors of {} bytes, a sector whole words of {} bytes",
-                n.size, n.sector_bytes, n.write_bytes
-            ));
-        }
-        if n.item_worst_us == 0 {
-            return Err("nor.item_worst_us 0: give the part's worst time for one item's write (a sector's erase and a sector's moves), µs".into());
-        }
-        let sectors = n.size / n.sector_bytes;
-        if !(n.config[0] + 2 <= n.config[1] && n.config[1] <= sectors) {
-            return Err(format!(
-                "nor.config {:?}: at least two sectors within the region's {sectors}",
-                n.config
-            ));
-        }
+        self.check_nor()?;
         if self.stack.bytes == 0
             || self.stack.bytes % 8 != 0
             || self.stack.bytes >= self.memory.ram.size
@@ -228,16 +212,8 @@ impl Board {
                 self.stack.bytes
             ));
         }
-        let u = &self.uart;
-        for u in [&u.modbus, &u.gateway, &u.console, &u.trace] {
-            let div = self.system_clock_hz / u.baud.max(1);
-            if div < 16 {
-                return Err(format!(
-                    "uart {}: {} baud needs a divider of at least 16 at {} Hz",
-                    u.name, u.baud, self.system_clock_hz
-                ));
-            }
-        }
+        self.check_uarts()?;
+        self.check_irqs()?;
         match self.timer.control.period_ms {
             Some(p)
                 if p > 0
@@ -263,6 +239,110 @@ impl Board {
             ));
         }
         self.leak_ropes.check()
+    }
+
+    /// SYSCLK a whole number of MHz: the microsecond clock counts
+    /// `system_clock_hz / 1_000_000` ticks a µs (`board::clock`), so any
+    /// other would run it fast (2.4% at 32.768 MHz), and with it the
+    /// step's budget and the Modbus timeouts; under 1 MHz it would not
+    /// build.
+    fn check_clock(&self) -> Result<(), String> {
+        let hz = self.system_clock_hz;
+        if hz >= 1_000_000 && hz % 1_000_000 == 0 {
+            return Ok(());
+        }
+        Err(format!(
+            "system_clock_hz {hz}: a whole number of MHz, at least 1 (the microsecond clock \
+             counts whole ticks a µs: any other runs it, the step's budget and the Modbus \
+             timeouts fast)"
+        ))
+    }
+
+    /// The NOR region: whole sectors of whole writes, a worst item write
+    /// given, a config store of at least two sectors within it.
+    fn check_nor(&self) -> Result<(), String> {
+        let n = &self.nor;
+        if n.write_bytes == 0 {
+            return Err("nor.write_bytes 0: give the part's write unit, bytes".into());
+        }
+        if n.sector_bytes == 0 || n.sector_bytes % n.write_bytes != 0 {
+            return Err(format!(
+                "nor.sector_bytes {}: the part's erase unit, above 0 and whole writes of {} bytes",
+                n.sector_bytes, n.write_bytes
+            ));
+        }
+        if n.size % n.sector_bytes != 0 {
+            return Err(format!(
+                "nor.size {}: whole sectors of {} bytes",
+                n.size, n.sector_bytes
+            ));
+        }
+        if n.item_worst_us == 0 {
+            return Err("nor.item_worst_us 0: give the part's worst time for one item's write (a sector's erase and a sector's moves), µs".into());
+        }
+        let sectors = n.size / n.sector_bytes;
+        if !(n.config[0] + 2 <= n.config[1] && n.config[1] <= sectors) {
+            return Err(format!(
+                "nor.config {:?}: at least two sectors within the region's {sectors}",
+                n.config
+            ));
+        }
+        Ok(())
+    }
+
+    /// The UARTs by their keys.
+    fn uarts(&self) -> [(&'static str, &Uart); 4] {
+        let u = &self.uart;
+        [
+            ("modbus", &u.modbus),
+            ("gateway", &u.gateway),
+            ("console", &u.console),
+            ("trace", &u.trace),
+        ]
+    }
+
+    /// Each UART's baud above 0 and within reach of its divider: the
+    /// firmware divides SYSCLK by it at boot (0 would stop it there).
+    fn check_uarts(&self) -> Result<(), String> {
+        let hz = self.system_clock_hz;
+        for (key, u) in self.uarts() {
+            if u.baud == 0 || hz / u.baud < 16 {
+                return Err(format!(
+                    "uart.{key}.baud {} ({}): above 0, with a divider of at least 16 at {hz} Hz",
+                    u.baud, u.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every interrupt the file names is one of the NVIC's 32 lines (QEMU's
+    /// MPS2), and no two devices share one: the dispatch
+    /// (`board::DefaultHandler`) takes the control timer's first, so a
+    /// UART's on it would count each byte received as a control tick.
+    fn check_irqs(&self) -> Result<(), String> {
+        let t = &self.timer;
+        let mut irqs = vec![
+            ("timer.control.irq".to_string(), t.control.irq),
+            ("timer.micros.irq".to_string(), t.micros.irq),
+            ("timer.wake.irq".to_string(), t.wake.irq),
+        ];
+        for (key, u) in self.uarts() {
+            irqs.push((format!("uart.{key}.rx_irq"), u.rx_irq));
+        }
+        for (i, (key, n)) in irqs.iter().enumerate() {
+            if *n >= 32 {
+                return Err(format!(
+                    "{key} {n}: below 32 (the board's interrupt lines are 0 to 31)"
+                ));
+            }
+            if let Some((other, _)) = irqs[..i].iter().find(|(_, m)| m == n) {
+                return Err(format!(
+                    "{key} {n}: {other} has it too; each interrupt must be one device's"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The watchdog resets the board at its second expiry: the longest
@@ -633,5 +713,61 @@ mod tests {
             assert!(e.contains(&format!("fpgaio.leds {n}: 2 to 8")), "{e}");
             assert!(e.contains("LED 1 shows a latched leak"), "{e}");
         }
+    }
+
+    /// Values that would panic the build script or the firmware at boot,
+    /// or run its clock fast, are refused naming their key.
+    #[test]
+    fn board_values_the_firmware_cannot_run_on_are_refused_naming_their_key() {
+        let refused = |line: &str, with: &str, said: &str| {
+            let e = load_edited(line, with, "bad-value").unwrap_err();
+            assert!(e.contains("bad-value-"), "names the file: {e}");
+            assert!(e.contains(said), "{with}: {e}");
+        };
+        refused("baud = 19_200", "baud = 0", "uart.modbus.baud 0");
+        refused(
+            "baud = 19_200",
+            "baud = 2_000_000",
+            "uart.modbus.baud 2000000",
+        );
+        refused(
+            "sector_bytes = 4096",
+            "sector_bytes = 0",
+            "nor.sector_bytes 0",
+        );
+        refused(
+            "sector_bytes = 4096",
+            "sector_bytes = 4094",
+            "nor.sector_bytes 4094",
+        );
+        refused("write_bytes = 4", "write_bytes = 0", "nor.write_bytes 0");
+        refused(
+            "system_clock_hz = 25_000_000",
+            "system_clock_hz = 32_768_000",
+            "system_clock_hz 32768000: a whole number of MHz",
+        );
+        refused(
+            "system_clock_hz = 25_000_000",
+            "system_clock_hz = 0",
+            "system_clock_hz 0",
+        );
+        // The gateway UART's receive interrupt on the control timer's.
+        refused(
+            "rx_irq = 2",
+            "rx_irq = 8",
+            "uart.gateway.rx_irq 8: timer.control.irq has it too",
+        );
+        refused(
+            "rx_irq = 18",
+            "rx_irq = 32",
+            "uart.trace.rx_irq 32: below 32",
+        );
+        assert!(load_edited("rx_irq = 18", "rx_irq = 31", "irq-31").is_ok());
+        assert!(load_edited(
+            "system_clock_hz = 25_000_000",
+            "system_clock_hz = 32_000_000",
+            "clock-32"
+        )
+        .is_ok());
     }
 }
