@@ -194,6 +194,18 @@ fn board_config(
                     ),
                 ));
             }
+            if let Some(r) = pins.ropes.iter().find(|r| r.rack >= racks) {
+                return Err(src.error(
+                    flag,
+                    "board_pins",
+                    format!(
+                        "{} has a leak rope for rack {}; the hall has racks 0 to {}",
+                        p.display(),
+                        r.rack,
+                        racks - 1
+                    ),
+                ));
+            }
             if let Some(r) = pins
                 .ropes
                 .iter()
@@ -206,18 +218,6 @@ fn board_config(
                         "{} gives rack {} a leak rope, but unprotected_racks names it",
                         p.display(),
                         r.rack
-                    ),
-                ));
-            }
-            if let Some(r) = pins.ropes.iter().find(|r| r.rack >= racks) {
-                return Err(src.error(
-                    flag,
-                    "board_pins",
-                    format!(
-                        "{} has a leak rope for rack {}; the hall has racks 0 to {}",
-                        p.display(),
-                        r.rack,
-                        racks - 1
                     ),
                 ));
             }
@@ -293,5 +293,60 @@ mod tests {
         // The shipped map has leak_inputs.
         let min = "cdu = \"cdu-1\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:5020\"\nembedded_broker = true\n";
         assert!(resolve(Some(Path::new("cdu.toml")), min, &Overrides::default()).is_ok());
+    }
+
+    /// A hall of 16 racks, rack 15 unprotected, with a pin map of ropes
+    /// for racks 0 to 14 and for `extra`, if any, each rope's lines
+    /// active low.
+    fn sixteen_racks(extra: Option<usize>, purpose: Purpose) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let figures = dir.path().join("site.toml");
+        std::fs::write(&figures, "racks = 16\nhosts_per_rack = 2\n").unwrap();
+        let mut map = String::from("board = \"sixteen racks\"\n");
+        for (i, rack) in (0..15).chain(extra).enumerate() {
+            for (signal, line) in [("leak", 2 * i), ("rope_fault", 2 * i + 1)] {
+                map.push_str(&format!(
+                    "[[input]]\nsignal = \"{signal}\"\nrack = {rack}\nline = {line}\nactive_low = true\n"
+                ));
+            }
+        }
+        for (signal, line) in [("controller_healthy", 40), ("alarm_beacon", 41)] {
+            map.push_str(&format!(
+                "[[output]]\nsignal = \"{signal}\"\nline = {line}\nactive_low = false\n"
+            ));
+        }
+        let pins = dir.path().join("pins.toml");
+        std::fs::write(&pins, map).unwrap();
+        let text = format!(
+            "cdu = \"cdu-1\"\ndemo_key = true\ncdu_tcp = \"127.0.0.1:5020\"\n\
+             embedded_broker = true\nsite_figures = {figures:?}\nunprotected_racks = [15]\n\
+             board_pins = {pins:?}\ngpio_chip = \"/dev/gpiochip0\"\n"
+        );
+        resolve_for(
+            Some(Path::new("cdu.toml")),
+            &text,
+            &Overrides::default(),
+            purpose,
+        )
+    }
+
+    /// A rope for a rack outside the hall is refused as such, not blamed
+    /// on `unprotected_racks` (rack 20 read as the last rack's bit).
+    #[test]
+    fn a_rope_for_a_rack_outside_the_hall_is_refused_as_outside_it() {
+        let c = sixteen_racks(None, Purpose::Run).expect("racks 0 to 14 roped, 15 unprotected");
+        assert_eq!(c.core.layout.unprotected, 1 << 15);
+        let e = sixteen_racks(Some(20), Purpose::Run).unwrap_err();
+        assert!(
+            e.message
+                .contains("a leak rope for rack 20; the hall has racks 0 to 15"),
+            "{e}"
+        );
+        let e = sixteen_racks(Some(15), Purpose::Run).unwrap_err();
+        assert!(
+            e.message
+                .contains("gives rack 15 a leak rope, but unprotected_racks names it"),
+            "{e}"
+        );
     }
 }
