@@ -186,15 +186,23 @@ fn went_in(plan: &Plan, outcome: &Outcome) -> heapless::Vec<Written, SAFETY> {
         let Ok(words) = map::encode(register, w.value) else {
             continue;
         };
-        if ok(w.setting) {
-            let _ = out.push(Written {
+        if !ok(w.setting) {
+            continue;
+        }
+        // By address, as they come: three at most, so no sort is built
+        // into the image for them.
+        let at = (out.iter())
+            .position(|o| o.register.address > register.address)
+            .unwrap_or(out.len());
+        let _ = out.insert(
+            at,
+            Written {
                 setting: w.setting,
                 register,
                 words,
-            });
-        }
+            },
+        );
     }
-    out.sort_unstable_by_key(|w| w.register.address);
     out
 }
 
