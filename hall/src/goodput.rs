@@ -357,6 +357,7 @@ mod tests {
             lead: LeadTime::Empirical {
                 hours: vec![0.5, 1.5],
             },
+            quarantined: 0.0,
         };
         Measured {
             classes: vec![

@@ -15,7 +15,8 @@
 //!
 //! - per class, the share of failures the engine flagged (degraded or
 //!   quarantined) after the precursor began and before the failure
-//!   (`coverage`), and those lead times (`LeadTime::Empirical`);
+//!   (`coverage`), those lead times (`LeadTime::Empirical`), and the share
+//!   of them quarantined before they struck (`quarantined`);
 //! - the detection latency (the failure's start to the quarantine) over
 //!   the failures the job model applies it to: those of the classes the
 //!   twin's default mix plays as hangs a host sees (`gsp`); the hangs of
@@ -610,10 +611,12 @@ impl Measurement {
             .filter(move |f| f.failure.class == class)
     }
 
-    /// Class `class`'s precursor: coverage, and the leads in hours.
+    /// Class `class`'s precursor: coverage, the leads in hours, and the
+    /// share of the flagged failures quarantined before they struck.
     pub fn precursor(&self, class: &str) -> Precursor {
         let all: Vec<&FailureOutcome> = self.of_class(class).collect();
-        let hours: Vec<f64> = all
+        let flagged: Vec<&&FailureOutcome> = all.iter().filter(|f| f.precursor.is_some()).collect();
+        let hours: Vec<f64> = flagged
             .iter()
             .filter_map(|f| f.precursor.as_ref())
             .map(|(lead, _)| *lead as f64 / 3_600_000.0)
@@ -621,8 +624,13 @@ impl Measurement {
         if hours.is_empty() || all.is_empty() {
             return Precursor::none();
         }
+        let before = flagged
+            .iter()
+            .filter(|f| f.detection == Detection::Before)
+            .count();
         Precursor {
             coverage: hours.len() as f64 / all.len() as f64,
+            quarantined: before as f64 / hours.len() as f64,
             lead: LeadTime::Empirical { hours },
         }
     }
@@ -691,12 +699,13 @@ impl Measurement {
                 _ => "no lead".into(),
             };
             notes.push(format!(
-                "{class}: the engine flagged {} of {} generated failures after their precursor began and before they struck (coverage {:.2}; {with} had a precursor, mix {}; first flags {}), {leads}.",
+                "{class}: the engine flagged {} of {} generated failures after their precursor began and before they struck (coverage {:.2}; {with} had a precursor, mix {}; first flags {}), {leads}; it quarantined {:.0} % of those flagged before they struck (`quarantined`, which ends the job at the flag with --quarantine-ends-job).",
                 all.iter().filter(|f| f.precursor.is_some()).count(),
                 all.len(),
                 p.coverage,
                 shares.join(", "),
                 if reasons.is_empty() { "none".into() } else { reasons.join(", ") },
+                p.quarantined * 100.0,
             ));
             classes.push((class.to_string(), p));
         }

@@ -19,6 +19,7 @@ fn llama3_16384_gpus_54_days_1000_trials() -> f64 {
     let p = Precursor {
         coverage: 0.5,
         lead: LeadTime::Exponential { mean_hours: 2.0 },
+        quarantined: 0.0,
     };
     let mix = Mix::default().with_precursor(&p);
     let settings = Settings {

@@ -18,6 +18,8 @@
 //!   failure.
 //! - *coverage*: the share of a class's failures that show a precursor
 //!   the engine flags.
+//! - *quarantined flag*: a flag that is a quarantine rather than a
+//!   degrade (`Precursor::quarantined` of the flagged failures).
 //!
 //! The parts: [`job`] (the job and the policies' settings), [`mix`] (the
 //! failure mix, Llama 3's by default, or a TOML file), [`draws`] (one
@@ -70,6 +72,13 @@ pub struct Precursor {
     pub coverage: f64,
     /// How long before.
     pub lead: LeadTime,
+    /// Share of the flagged failures whose flag is a quarantine (the
+    /// rest are marked degraded), 0 to 1, taken as quarantined at the
+    /// flag. Where the site's quarantine ends the job, such a flag stops
+    /// the job at once under both agent policies, as a failure found at
+    /// once would, instead of waiting for a drain [default: 0].
+    #[serde(default)]
+    pub quarantined: f64,
 }
 
 impl Precursor {
@@ -78,6 +87,7 @@ impl Precursor {
         Self {
             coverage: 0.0,
             lead: LeadTime::Fixed { hours: 0.0 },
+            quarantined: 0.0,
         }
     }
 }

@@ -173,11 +173,13 @@ fn quiet(i: &Inputs) -> Inputs {
     q
 }
 
-/// A precursor flagged `lead_h` ahead for `coverage` of the failures.
+/// A precursor flagged `lead_h` ahead for `coverage` of the failures,
+/// every flag a degrade.
 pub fn fixed(coverage: f64, lead_h: f64) -> Precursor {
     Precursor {
         coverage,
         lead: LeadTime::Fixed { hours: lead_h },
+        quarantined: 0.0,
     }
 }
 

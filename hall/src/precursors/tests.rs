@@ -455,3 +455,22 @@ fn false_alarms_at_scale() {
         println!("{f:?}");
     }
 }
+
+#[test]
+fn a_precursor_says_what_share_of_its_flags_were_quarantines() {
+    let mut m = small().clone();
+    m.failures.truncate(3);
+    for f in &mut m.failures {
+        f.failure.class = "hbm3";
+        f.precursor = Some((3_600_000, "ecc".into()));
+        f.detection = Detection::After(1_000);
+    }
+    // One flagged failure quarantined before it struck, one after, and one
+    // never flagged but quarantined before (its flag, not a precursor's).
+    m.failures[0].detection = Detection::Before;
+    m.failures[2].precursor = None;
+    m.failures[2].detection = Detection::Before;
+    let p = m.precursor("hbm3");
+    assert!((p.coverage - 2.0 / 3.0).abs() < 1e-12, "{p:?}");
+    assert_eq!(p.quarantined, 0.5, "{p:?}");
+}

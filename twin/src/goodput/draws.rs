@@ -15,7 +15,9 @@
 //!   (SplitMix64), one generator per stream: trial k draws the same
 //!   failures whatever N is.
 //! - *flag*: the time the health engine flags a failing GPU, the failure's
-//!   time minus its lead time (not before the run starts).
+//!   time minus its lead time (not before the run starts); a quarantine
+//!   for the precursor's `quarantined` share of the flagged, drawn from
+//!   the same uniform as the flag itself.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -32,6 +34,9 @@ pub struct Failure {
     /// When the health engine flags it, seconds from the start; `None`
     /// when it shows no precursor.
     pub flagged_at_s: Option<f64>,
+    /// Whether that flag is a quarantine (else the GPU is marked
+    /// degraded); never without a flag.
+    pub quarantined: bool,
 }
 
 /// What happens to a trial's job, before any policy acts.
@@ -155,12 +160,16 @@ impl Drawer {
         let p = &self.classes[class].precursor;
         // Always two more draws, flagged or not, so a change of coverage
         // moves no later failure.
-        let flagged = rng.gen::<f64>() < p.coverage;
+        // One uniform says both whether it is flagged and whether the flag
+        // is a quarantine, so the share quarantined moves no later draw.
+        let v = rng.gen::<f64>();
+        let flagged = v < p.coverage;
         let lead = lead_s(&p.lead, rng);
         Failure {
             at_s,
             class,
             flagged_at_s: flagged.then(|| (at_s - lead).max(0.0)),
+            quarantined: v < p.coverage * p.quarantined,
         }
     }
 }
@@ -195,6 +204,7 @@ mod tests {
         let p = super::super::Precursor {
             coverage: 0.7,
             lead: LeadTime::Exponential { mean_hours: 3.0 },
+            quarantined: 0.5,
         };
         let flagged = plain.with_precursor(&p);
         let (mut a, mut b) = (Draws::default(), Draws::default());

@@ -18,7 +18,11 @@
 //! out of the next restart under both agent policies: the agent's host is
 //! left out when the next failure's row restarts, the drain policy's at
 //! its drain. Where the quarantine ends the job, it also stops the job at
-//! once, as a failure would. Reactive handling has no agent to quarantine.
+//! once, as a failure would. So does a failing GPU's quarantine before it
+//! strikes (a flag the precursor says is a quarantine) under both agent
+//! policies: the work since the checkpoint and the restart, charged to its
+//! class, instead of a drain at the next write; the failure is averted.
+//! Reactive handling has no agent to quarantine.
 //!
 //! Glossary:
 //! - *cause*: what a lost second is charged to: a class of the mix, a
@@ -184,6 +188,8 @@ struct Replay<'a> {
     fate: Vec<Fate>,
     /// Each failure's class, by index.
     class_of: Vec<usize>,
+    /// Whether each failure's flag is a quarantine, by index.
+    quarantined: Vec<bool>,
     /// The first false quarantine's entry.
     first_quarantine: usize,
     pending: Vec<usize>,
@@ -200,16 +206,17 @@ struct Replay<'a> {
 /// Replays one trial's draws under `policy`.
 pub fn replay(job: &Job, settings: &Settings, mix: &Mix, policy: Policy, d: &Draws) -> Outcome {
     let mut r = Replay::new(job, settings, mix, policy, d);
-    let flags = flags(d, policy);
+    let flags = flags(d, policy, settings.quarantine_ends_job);
     r.play(d, &flags);
     r.finish()
 }
 
 /// Every flag `policy` acts on, in time order: (time, entry). Reactive
-/// handling acts on none; the agent on its false quarantines (a degraded
-/// GPU stays in service, and a failing GPU's flag is the drain policy's
-/// business); the drain policy on every flag.
-fn flags(d: &Draws, policy: Policy) -> Vec<(f64, usize)> {
+/// handling acts on none; the agent on its false quarantines, and on a
+/// failing GPU's quarantine where the quarantine ends the job (a degraded
+/// GPU stays in service, and a failing GPU's other flags are the drain
+/// policy's business); the drain policy on every flag.
+fn flags(d: &Draws, policy: Policy, quarantine_ends_job: bool) -> Vec<(f64, usize)> {
     let n = d.failures.len();
     let q0 = n + d.false_alarms.len();
     let quarantines = d
@@ -219,7 +226,14 @@ fn flags(d: &Draws, policy: Policy) -> Vec<(f64, usize)> {
         .map(move |(i, &t)| (t, q0 + i));
     let mut f: Vec<(f64, usize)> = match policy {
         Policy::Reactive => return Vec::new(),
-        Policy::Agent => quarantines.collect(),
+        Policy::Agent => d
+            .failures
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| x.quarantined && quarantine_ends_job)
+            .filter_map(|(i, x)| x.flagged_at_s.map(|t| (t, i)))
+            .chain(quarantines)
+            .collect(),
         Policy::AgentDrain => d
             .failures
             .iter()
@@ -279,6 +293,7 @@ impl<'a> Replay<'a> {
                 d.failures.len() + d.false_alarms.len() + d.false_quarantines.len()
             ],
             class_of: d.failures.iter().map(|f| f.class).collect(),
+            quarantined: d.failures.iter().map(|f| f.quarantined).collect(),
             first_quarantine: d.failures.len() + d.false_alarms.len(),
             pending: Vec::new(),
             held: Vec::new(),
@@ -301,6 +316,12 @@ impl<'a> Replay<'a> {
     /// Whether entry `e` is a false quarantine.
     fn is_false_quarantine(&self, e: usize) -> bool {
         e >= self.first_quarantine
+    }
+
+    /// Whether entry `e`'s flag is a quarantine: a false one, or a failing
+    /// GPU's quarantined before it strikes.
+    fn is_quarantine(&self, e: usize) -> bool {
+        self.is_false_quarantine(e) || self.quarantined.get(e) == Some(&true)
     }
 
     /// The cause checkpoint writes are charged to.
@@ -429,8 +450,9 @@ impl<'a> Replay<'a> {
     }
 
     /// A GPU is flagged at `at`: left out of the restart ahead if the job
-    /// is down and its restart has not begun. Else a false quarantine ends
-    /// the job where the quarantine does so, and otherwise the agent keeps
+    /// is down and its restart has not begun. Else a quarantine (false, or
+    /// of a failing GPU) ends the job where the quarantine does so, and
+    /// otherwise the agent keeps
     /// the host out of the next restart; the drain policy drains a flag at
     /// the end of the next write.
     fn flag(&mut self, at: f64, e: usize) {
@@ -442,7 +464,7 @@ impl<'a> Replay<'a> {
             self.exclude_from_restart(at, e);
             return;
         }
-        if self.is_false_quarantine(e) && self.settings.quarantine_ends_job {
+        if self.is_quarantine(e) && self.settings.quarantine_ends_job {
             self.quarantine_ends_job(at, e);
             return;
         }
@@ -524,12 +546,25 @@ impl<'a> Replay<'a> {
         self.stop(f.at_s, f.class, detect, u32::from(excludes));
     }
 
-    /// A healthy GPU's quarantine ends the job at `at` (the clock there):
-    /// as a failure found at once, charged to false alarms, its host out.
+    /// A quarantine ends the job at `at` (the clock there), as a failure
+    /// found at once would, its host out: a healthy GPU's is charged to
+    /// false alarms; a failing GPU's to its class, the failure it
+    /// forestalls averted (it costs the rework to `at` and the restart,
+    /// not the failure's own detection and rework).
     fn quarantine_ends_job(&mut self, at: f64, e: usize) {
-        self.fate[e] = Fate::Struck;
-        self.out.false_quarantines += 1;
-        self.stop(at, self.false_alarm_cause(), 0.0, 1);
+        let cause = match self.class_of.get(e) {
+            Some(&c) => {
+                self.fate[e] = Fate::Averted;
+                self.out.failures_averted += 1;
+                c
+            }
+            None => {
+                self.fate[e] = Fate::Struck;
+                self.out.false_quarantines += 1;
+                self.false_alarm_cause()
+            }
+        };
+        self.stop(at, cause, 0.0, 1);
     }
 
     /// The job stops at `at` for `cause`, unplanned: the interval so far is

@@ -235,6 +235,12 @@ fn check_class(c: &FailureClass) -> Result<(), String> {
     if !(p.coverage.is_finite() && (0.0..=1.0).contains(&p.coverage)) {
         return Err(format!("precursor coverage = {}: from 0 to 1", p.coverage));
     }
+    if !(p.quarantined.is_finite() && (0.0..=1.0).contains(&p.quarantined)) {
+        return Err(format!(
+            "precursor quarantined = {}: from 0 to 1",
+            p.quarantined
+        ));
+    }
     if p.coverage > 0.0 && !c.host_visible {
         return Err(format!(
             "precursor coverage = {} but host_visible = false: no host agent can flag it",

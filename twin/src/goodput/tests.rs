@@ -88,6 +88,7 @@ fn time_adds_up_in_every_trial_of_every_policy() {
     let p = Precursor {
         coverage: 0.6,
         lead: LeadTime::Exponential { mean_hours: 1.0 },
+        quarantined: 0.5,
     };
     let mix = Mix::default().with_precursor(&p);
     let job = Job {
@@ -186,6 +187,7 @@ fn failure(mix: &Mix, name: &str, at_s: f64) -> Failure {
         at_s,
         class: class_of(mix, name),
         flagged_at_s: None,
+        quarantined: false,
     }
 }
 
@@ -423,6 +425,69 @@ fn a_false_quarantine_ends_the_job_where_the_quarantine_ends_jobs() {
     assert_eq!((r.lost.rework, r.lost.spares), (0.0, 0.0));
 }
 
+/// A faulty GPU flagged at 1,000 s (100 s into the second interval) that
+/// would fail at 5,000 s, over a day; its flag a quarantine if `quarantined`.
+fn flagged_faulty_gpu(quarantined: bool) -> (Job, Mix, Draws) {
+    let mix = Mix::default();
+    let job = Job {
+        days: 1.0,
+        ..Job::default()
+    };
+    let mut f = failure(&mix, "faulty_gpu", 5000.0);
+    f.flagged_at_s = Some(1000.0);
+    f.quarantined = quarantined;
+    let d = Draws {
+        failures: vec![f],
+        false_alarms: Vec::new(),
+        false_quarantines: Vec::new(),
+    };
+    (job, mix, d)
+}
+
+#[test]
+fn a_true_quarantine_that_ends_the_job_costs_its_rework_and_restart() {
+    let (job, mix, d) = flagged_faulty_gpu(true);
+    let gpu = class_of(&mix, "faulty_gpu");
+    let ends = Settings {
+        quarantine_ends_job: true,
+        ..Settings::default()
+    };
+    for p in [Policy::Agent, Policy::AgentDrain] {
+        // The quarantine stops the job at 1,000 s: the 100 s since the
+        // checkpoint and the restart, charged to the faulty GPU's class;
+        // the failure it forestalls is not played, and no drain is.
+        let o = replay(&job, &ends, &mix, p, &d);
+        adds_up(&o).unwrap();
+        let what = (o.interruptions, o.failures_averted, o.drains);
+        assert_eq!(what, (0, 1, 0), "{p:?}");
+        assert!(near(secs(&job, o.lost.rework), 100.0), "{p:?}");
+        assert!(near(secs(&job, o.lost.restart), 300.0), "{p:?}");
+        assert_eq!(o.lost.drains, 0.0, "{p:?}");
+        assert!(near(secs(&job, o.lost_by_cause[gpu]), 400.0), "{p:?}");
+    }
+    // Where the quarantine ends no job the drain policy drains it at the
+    // end of the next write, with no rework, and the agent lets it fail at
+    // 5,000 s, 500 s into its interval, as reactive handling does.
+    let plain = Settings::default();
+    let a = replay(&job, &plain, &mix, Policy::AgentDrain, &d);
+    assert_eq!((a.drains, a.failures_averted, a.lost.rework), (1, 1, 0.0));
+    for p in [Policy::Reactive, Policy::Agent] {
+        let o = replay(&job, &plain, &mix, p, &d);
+        assert_eq!((o.interruptions, o.failures_averted), (1, 0), "{p:?}");
+        assert!(near(secs(&job, o.lost.rework), 500.0), "{p:?}");
+    }
+    assert_eq!(
+        replay(&job, &ends, &mix, Policy::Reactive, &d),
+        replay(&job, &plain, &mix, Policy::Reactive, &d)
+    );
+    // A flag that is a degrade ends no job: drained, or left to fail.
+    let (job, mix, d) = flagged_faulty_gpu(false);
+    for p in Policy::ALL {
+        let o = replay(&job, &ends, &mix, p, &d);
+        assert_eq!(o, replay(&job, &plain, &mix, p, &d), "{p:?}");
+    }
+}
+
 #[test]
 fn false_quarantines_leave_reactive_handling_and_the_failures_as_they_were() {
     let job = Job {
@@ -451,6 +516,7 @@ fn a_long_lead_drains_what_the_host_sees_and_nothing_else() {
     let p = Precursor {
         coverage: 1.0,
         lead: LeadTime::Fixed { hours: 24.0 },
+        quarantined: 0.0,
     };
     let mix = Mix::default().with_precursor(&p);
     let job = Job {
@@ -540,6 +606,7 @@ prop_compose! {
 
 prop_compose! {
     fn mix()(rate in 0.0..2e-3f64, coverage in 0.0..=1.0f64, lead in lead(),
+             quarantined in prop_oneof![Just(0.0), 0.0..=1.0f64],
              hang_share in 0.0..=1.0f64, seen in any::<[bool; 2]>(),
              excludes in any::<[bool; 2]>()) -> Mix {
         let class = |name: &str, share, onset, i: usize| FailureClass {
@@ -548,7 +615,7 @@ prop_compose! {
             host_visible: seen[i],
             onset,
             precursor: if seen[i] {
-                Precursor { coverage, lead: lead.clone() }
+                Precursor { coverage, lead: lead.clone(), quarantined }
             } else {
                 Precursor::none()
             },
