@@ -359,6 +359,9 @@ struct Undone {
     /// (or quarantined again from the event log, the config store lost):
     /// their new state is kept, replacing the record that failed.
     unreadable: Vec<u8>,
+    /// The GPUs whose kept limits were unreadable (after a loss, those
+    /// whose limits record did not survive it).
+    limits_unread: Vec<u8>,
     /// The cooling-loss phase kept.
     phase: node_core::cooling_loss::Phase,
     /// The cooling-loss steps kept pending.
@@ -396,7 +399,7 @@ async fn restore_kept(
         lost_store::match_log(log, node.health(), &last, &unreadable).await;
     }
     let quarantines = quarantine::not_done(store, node.health(), &uuids).await;
-    limits::restore(node, gpus, store, config_lost).await;
+    let limits_unread = limits::restore(node, gpus, store, config_lost).await;
     let (phase, steps) = match cooling::restore(store, logged_phase).await {
         Some((phase, steps)) => {
             node.restore_cooling(phase, &steps);
@@ -414,6 +417,7 @@ async fn restore_kept(
     Undone {
         quarantines,
         unreadable,
+        limits_unread,
         phase,
         steps,
     }

@@ -107,12 +107,16 @@ async fn kept_for(store: &mut ConfigStore<Flash>, uuid: &str) -> Result<Option<K
 /// config store was lost since an earlier run (`config_lost`: a cap in
 /// force then may be on the GPU still), are unreadable: the GPU's
 /// ceiling is the limit found on it, said as an error at its first read.
+/// Returns the GPUs whose kept limits are unreadable (after a loss, those
+/// whose record did not survive it: a loss may be partial, and a record
+/// read is the site's limit to put back at exit).
 pub(super) async fn restore(
     node: &mut Node,
     gpus: &[GpuState],
     store: &mut ConfigStore<Flash>,
     config_lost: bool,
-) {
+) -> Vec<u8> {
+    let mut unreadable = Vec::new();
     for (i, g) in gpus.iter().enumerate() {
         let kept = match kept_for(store, &g.info.uuid).await {
             Ok(None) if config_lost => Err(super::startup::STORE_LOST.to_string()),
@@ -126,9 +130,11 @@ pub(super) async fn restore(
                     "GPU {i}: kept power limits unreadable ({e}); its ceiling is the limit found on it, which may be a cap left in force: check it against the site's once read"
                 );
                 node.restore_limit_unreadable(i as u8);
+                unreadable.push(i as u8);
             }
         }
     }
+    unreadable
 }
 
 /// The config-store record (key, value) of the limits `limit` kept for
@@ -149,7 +155,9 @@ pub(super) fn record(
 /// The config-store record (key, value) that reads as the limits of the
 /// GPU of `uuid` not read since the config store was lost
 /// ([`UNREAD_SINCE_LOSS`]), until its first limits kept overwrite it;
-/// `None` when its UUID is unknown.
+/// `None` when its UUID is unknown. Only for a GPU whose limits record
+/// the loss took (missing or unreadable): one that survived it is kept
+/// as it is.
 pub(super) fn unread_record(uuid: &str) -> Option<(String, Vec<u8>)> {
     limit_key(uuid).map(|key| (key, UNREAD_SINCE_LOSS.to_vec()))
 }

@@ -32,8 +32,10 @@
 //! store's lost mark is cleared while the agent runs, in order after
 //! them, once the phase is known and kept too (at the start, or once the
 //! CDU's word decides it: [`PendingClear`]). Each GPU's limits wait for
-//! nothing: the start keeps for each a record that they were not read
-//! since the loss (`super::limits::unread_record`), read as unreadable at
+//! nothing: the start keeps for each whose limits record the loss took a
+//! record that they were not read since the loss (a record that survived
+//! a partial loss is kept as it is: it holds the site's limit, put back at
+//! exit) (`super::limits::unread_record`), read as unreadable at
 //! every start until its first limits read are kept over it, so a GPU
 //! whose limit never reads keeps only its own limits unreadable, never
 //! the store lost. Until the mark clears every start reads the store as
@@ -204,14 +206,16 @@ async fn keep_recovered(
 
 /// At a start that found the config store lost, the GPUs of `uuids` as
 /// `node` started them (`unreadable`: those whose states were taken back,
-/// handed to `recorder` before): keeps, by [`keep_recovered`], each GPU's
-/// limits as not read since the loss and the cooling-loss `phase` and
+/// handed to `recorder` before; `limits_unread`: those whose limits record
+/// the loss took): keeps, by [`keep_recovered`], the limits of each GPU of
+/// `limits_unread` as not read since the loss (a record that survived a
+/// partial loss is the site's limit, kept as it is) and the cooling-loss `phase` and
 /// `steps` where the node knows them; the states of the GPUs
 /// `unreadable` whose UUIDs are unknown are not kept. Returns the mark's
 /// clear to pend, or (`Err`) why the mark stays for this run.
 pub(super) async fn keep_after_loss(
     recorder: &Recorder,
-    (node, uuids, unreadable): (&node_core::node::Node, &[&str], &[u8]),
+    (node, uuids, unreadable, limits_unread): (&node_core::node::Node, &[&str], &[u8], &[u8]),
     (phase, steps): (Phase, &[CoolingStep]),
     refused_before: u64,
 ) -> Result<PendingClear, String> {
@@ -223,7 +227,8 @@ pub(super) async fn keep_after_loss(
                 .is_none()
         })
         .collect();
-    let limits_unread = (uuids.iter())
+    let limits_unread = (limits_unread.iter())
+        .filter_map(|&g| uuids.get(g as usize))
         .filter_map(|u| super::limits::unread_record(u))
         .collect();
     keep_recovered(recorder, refused_before, &unkept, limits_unread, items).await?;
@@ -287,24 +292,25 @@ impl super::Agent {
         }
         if config_lost {
             let cooling = (undone.phase, &undone.steps[..]);
-            self.keep_recovered(&undone.unreadable, cooling, refused)
-                .await;
+            let gpus = (&undone.unreadable[..], &undone.limits_unread[..]);
+            self.keep_recovered(gpus, cooling, refused).await;
         }
     }
 
     /// At a start that found the config store lost: keeps what it took
     /// back (the GPUs' health states, `unreadable`, handed over before;
+    /// the limits of the GPUs `limits_unread` as not read since;
     /// the cooling-loss `phase` and `steps`, when known) and leaves the
     /// lost mark to clear once the rest is known and kept
     /// ([`Self::clear_lost_mark_once_kept`]); said.
     pub(super) async fn keep_recovered(
         &mut self,
-        unreadable: &[u8],
+        (unreadable, limits_unread): (&[u8], &[u8]),
         cooling: (Phase, &[CoolingStep]),
         refused_before: u64,
     ) {
         let uuids: Vec<&str> = self.gpus.iter().map(|g| g.info.uuid.as_str()).collect();
-        let started = (&self.node, &uuids[..], unreadable);
+        let started = (&self.node, &uuids[..], unreadable, limits_unread);
         match keep_after_loss(&self.recorder, started, cooling, refused_before).await {
             Ok(pending) => {
                 tracing::warn!(

@@ -1472,7 +1472,12 @@ mod tests {
             r.set(Record::Health.key(id), value);
             r.set(health_check_key(id), check);
         }
-        let started = (&*node, &uuids[..], &undone.unreadable[..]);
+        let started = (
+            &*node,
+            &uuids[..],
+            &undone.unreadable[..],
+            &undone.limits_unread[..],
+        );
         let cooling = (undone.phase, &undone.steps[..]);
         let keep = super::super::lost_store::keep_after_loss(&r, started, cooling, before);
         let kept = futures::executor::block_on(keep);
@@ -1553,6 +1558,47 @@ mod tests {
         drop(r);
         let (_, said, _) = said_at_start(&path, 450);
         assert_eq!(unreadable_limits(&said), Vec::<u8>::new(), "{said:?}");
+    }
+
+    /// The config store lost in part: GPU 1's limits record survives
+    /// (its site's limit 700 W, a lease's 450 W asked and left on it), the
+    /// other GPUs' are gone. The start keeps the records that their limits
+    /// were not read since the loss for GPUs 0 and 2 only, never over GPU
+    /// 1's: a start that stopped before the first limit read (or whose
+    /// GPU 1 never answers it) leaves the next start reading GPU 1's
+    /// ceiling as kept, 700 W, not the 450 W cap found on it, and the
+    /// other two's limits unreadable, said.
+    #[test]
+    fn a_limits_record_that_survives_a_partial_loss_is_not_overwritten() {
+        use node_core::node::KeptLimit;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let logged = health_changes(&[(2, Healthy, Degraded, ReasonCode::STRAGGLER)]);
+        lost_after(&path, &logged);
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(stores.config_lost);
+        let kept = KeptLimit {
+            ceiling: Watts(700),
+            asked: Watts(450),
+            before: None,
+        };
+        let (key, value) = super::super::limits::record(A, kept).unwrap().unwrap();
+        set(&mut stores.store, &key, &value);
+        let (mut node, undone) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, true);
+        assert_eq!(undone.limits_unread, vec![0, 2], "GPU 1's record read");
+        let cleared = keep_after_loss(stores, &path, (&mut node, &undone), [X, A, B], None);
+        assert!(cleared, "no CDU: the phase known, the mark clears");
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(!stores.config_lost);
+        let (mut node, _) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, false);
+        let said = first_read(&mut node, 450);
+        assert_eq!(unreadable_limits(&said), vec![0, 2], "{said:?}");
+        assert_eq!(node.ceiling(1), Some(Watts(700)), "GPU 1's kept ceiling");
+        assert_eq!(
+            node.ceiling(0),
+            Some(Watts(450)),
+            "GPU 0's: the limit found"
+        );
     }
 
     /// A start that found the config store lost and stopped before it
@@ -1697,7 +1743,12 @@ mod tests {
         let draining = Phase::Draining { since: SINCE + 1 };
         assert_eq!((node.cooling_unknown(), undone.phase), (false, draining));
         let r = recorder_of(stores, &path);
-        let started = (&node, &uuids[..], &undone.unreadable[..]);
+        let started = (
+            &node,
+            &uuids[..],
+            &undone.unreadable[..],
+            &undone.limits_unread[..],
+        );
         let cooling = (undone.phase, &undone.steps[..]);
         let keep = super::super::lost_store::keep_after_loss(&r, started, cooling, 0);
         let kept = futures::executor::block_on(keep);
