@@ -98,7 +98,7 @@ const ACTIONS: Metric = Metric::counter(
 );
 const ACTION_FAILED_AT: Metric = Metric::gauge(
     "loopwarden_site_action_last_failure_timestamp_seconds",
-    "When the last of the site's commands that failed ended, seconds since the Unix epoch. Absent while none failed since the start.",
+    "When the last of the site's commands that failed ended, seconds since the Unix epoch. Absent while none failed since the start, or once a later run of the one that failed ended well.",
 );
 const MISSING: Metric = Metric::gauge(
     "loopwarden_gpus_missing",

@@ -349,6 +349,9 @@ fn a_failed_quarantine_action_runs_again_after_a_backoff_until_it_ends_well() {
     let text = agent.log_text();
     assert!(text.contains("its actions run again in 10 s"), "{text}");
     assert!(text.contains("its actions run again in 20 s"), "{text}");
+    // Its retry ended well: `ctl status` shows no failure left.
+    let status = status_once(&agent, 3, |a| a["last_failure"].is_null());
+    assert!(status["site_actions"]["last_failure"].is_null(), "{status}");
     // Done: not run again, here nor at the next start.
     let more = events_until(&mut sub, 2, |ev| !quarantine_outcomes(ev, 0).is_empty());
     assert_eq!(quarantine_outcomes(&more, 0), []);
@@ -387,6 +390,8 @@ fn a_failed_cooling_drain_runs_again_after_a_backoff_until_it_ends_well() {
     assert_eq!(lines(&log), ["ran drain g3 2"; 3]);
     let text = agent.log_text();
     assert!(text.contains("run again in 20 s"), "{text}");
+    let status = status_once(&agent, 3, |a| a["last_failure"].is_null());
+    assert!(status["site_actions"]["last_failure"].is_null(), "{status}");
 }
 
 /// A quarantine whose action failed, its GPU released by an operator

@@ -70,7 +70,9 @@ pub struct SiteActions {
     pub cooling_ok: u64,
     /// Cooling-loss steps' commands that failed.
     pub cooling_failed: u64,
-    /// The last failure of either kind.
+    /// The last failure of either kind, until a later run of the same
+    /// (its retry: the same GPU's quarantine, the same cooling-loss step)
+    /// ended well ([`SiteActions::ended_well`]).
     pub last_failure: Option<ActionFailure>,
 }
 
@@ -108,6 +110,15 @@ impl SiteActions {
         *n += 1;
         if !ok {
             self.last_failure = Some(failure());
+        }
+    }
+
+    /// A run for `what` (`quarantine of GPU 3`, `cooling-loss drain`)
+    /// ended well, every command of it: the last failure, if it was one of
+    /// `what`'s, is shown no more (its counts stay).
+    pub fn ended_well(&mut self, what: &str) {
+        if self.last_failure.as_ref().is_some_and(|f| f.what == what) {
+            self.last_failure = None;
         }
     }
 }
@@ -304,5 +315,48 @@ pub(crate) fn test_view() -> GpuView {
             evidence: String::new(),
         }),
         calls: Default::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(what: &str) -> ActionFailure {
+        ActionFailure {
+            at: TimestampMs(1_700_000_000_000),
+            what: what.into(),
+            program: "loopwarden-slurm".into(),
+            detail: "exit 1: scontrol show node h07 failed".into(),
+        }
+    }
+
+    #[test]
+    fn a_failure_is_shown_until_a_later_run_for_the_same_thing_ends_well() {
+        let mut a = SiteActions::default();
+        a.count(ActionKind::Quarantine, false, || {
+            failure("quarantine of GPU 3")
+        });
+        // Another GPU's run, or a cooling-loss step, ending well leaves it.
+        a.count(ActionKind::Quarantine, true, || {
+            failure("quarantine of GPU 4")
+        });
+        a.ended_well("quarantine of GPU 4");
+        a.ended_well("cooling-loss drain");
+        assert_eq!(a.last_failure, Some(failure("quarantine of GPU 3")));
+        // Its retry ends well: no failure left to show, the counts kept.
+        a.count(ActionKind::Quarantine, true, || {
+            failure("quarantine of GPU 3")
+        });
+        a.ended_well("quarantine of GPU 3");
+        assert_eq!(a.last_failure, None);
+        assert_eq!((a.quarantine_ok, a.quarantine_failed), (2, 1));
+        // The same for a cooling-loss drain.
+        a.count(ActionKind::CoolingLoss, false, || {
+            failure("cooling-loss drain")
+        });
+        a.ended_well("cooling-loss drain");
+        assert_eq!(a.last_failure, None);
+        assert_eq!(a.cooling_failed, 1);
     }
 }

@@ -711,6 +711,8 @@ impl Agent {
             if let Some(g) = self.gpus.get_mut(gpu as usize) {
                 g.action_failed = None;
             }
+            self.site_actions
+                .ended_well(&format!("quarantine of GPU {gpu}"));
             if before_resume {
                 // The resume's end runs them again; a restart before then
                 // runs them at the start.

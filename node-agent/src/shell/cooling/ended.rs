@@ -33,6 +33,11 @@ impl Agent {
     /// more, or still pending (a failed drain runs again after a wait); a
     /// resume's end runs the quarantine actions again.
     pub(super) fn step_ended(&mut self, id: u64, step: CoolingStep, ok: bool) {
+        if ok {
+            // Its failure, if the last, is shown no more (`ctl status`).
+            self.site_actions
+                .ended_well(&format!("cooling-loss {step}"));
+        }
         // A resume's last try is pending no more, whatever its end.
         let last_try = self.cooling.last_try == Some(id);
         if last_try {
