@@ -5,7 +5,9 @@
 //! ([`Input::Identified`]): a GPU quarantined before the restart is
 //! quarantined again, a ceiling kept for it comes back where the limit
 //! found on it was a cap the agent left, and its health and limits are
-//! kept from then on.
+//! kept from then on. After a config store lost, the store's lost mark
+//! waits for each GPU unknown at the start to say its UUID so
+//! (`super::lost_store::PendingClear`).
 //!
 //! A GPU's settable range (NVML's limit constraints) unread at its
 //! description (the board's stood in) and given later, by a late
@@ -128,9 +130,9 @@ impl Agent {
                 None
             }
         };
-        let limit = super::limits::kept_through(&self.recorder, &uuid)
-            .await
-            .unwrap_or_else(|e| {
+        let limit = super::limits::kept_through(&self.recorder, &uuid).await;
+        self.identified_after_loss(gpu, &uuid, &limit).await;
+        let limit = limit.unwrap_or_else(|e| {
                 tracing::error!("GPU {gpu}: its kept power limits are unreadable ({e}); its ceiling stays the limit found on it");
                 None
             });
@@ -146,6 +148,9 @@ impl Agent {
             limit,
         })
         .await;
+        // Its health kept by that step: the config store's lost mark may
+        // have waited for it last.
+        self.clear_lost_mark_once_kept();
     }
 
     /// The ranges learned by `results`' sets ([`range_now`]) are their

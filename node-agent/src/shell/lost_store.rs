@@ -31,7 +31,11 @@
 //! health, the cooling-loss phase when known: [`keep_recovered`]); the
 //! store's lost mark is cleared while the agent runs, in order after
 //! them, once the phase is known and kept too (at the start, or once the
-//! CDU's word decides it: [`PendingClear`]). Each GPU's limits wait for
+//! CDU's word decides it: [`PendingClear`]) and each GPU whose UUID was
+//! unknown at the start has said it in the run, its state taken back
+//! then kept under it (a GPU that never says it keeps the mark, said: its
+//! state, a quarantine from the event log maybe, is kept under no UUID,
+//! and only the lost store's reading of the log takes it back). Each GPU's limits wait for
 //! nothing: the start keeps for each whose limits record the loss took a
 //! record that they were not read since the loss (a record that survived
 //! a partial loss is kept as it is: it holds the site's limit, put back at
@@ -170,9 +174,7 @@ pub(super) async fn match_log(
 /// decides it).
 /// `Err` says why the store's lost mark
 /// ([`loopwarden_store::agent_flash::LOST_MARK_KEY`]) stays for this run:
-/// a GPU's state could not be kept (`unkept`: its UUID unknown, so no
-/// record names it; the phase and the other records are kept all the
-/// same), the phase was refused, or a value was refused since
+/// the phase was refused, or a value was refused since
 /// the count `refused_before` ([`Recorder::refused`]); the next start
 /// then reads the store as lost again (what was kept is unknown, never
 /// nothing kept). `Ok`: the mark is cleared once [`PendingClear`] is
@@ -180,7 +182,6 @@ pub(super) async fn match_log(
 async fn keep_recovered(
     recorder: &Recorder,
     refused_before: u64,
-    unkept: &[u8],
     limits_unread: Vec<(String, Vec<u8>)>,
     cooling: Option<Vec<(String, Vec<u8>)>>,
 ) -> Result<(), String> {
@@ -190,11 +191,6 @@ async fn keep_recovered(
     (recorder.set_all_sync(items).await).map_err(|e| {
         format!("the cooling-loss phase taken back, or the GPUs' limits as not read since, not kept ({e}): {why}")
     })?;
-    if !unkept.is_empty() {
-        return Err(format!(
-            "GPUs {unkept:?}: their UUIDs unknown at the start, their states taken back are not kept (the cooling-loss phase is): for this run, {why}"
-        ));
-    }
     let refused = recorder.refused().saturating_sub(refused_before);
     if refused > 0 {
         return Err(format!(
@@ -211,14 +207,17 @@ async fn keep_recovered(
 /// `limits_unread` as not read since the loss (a record that survived a
 /// partial loss is the site's limit, kept as it is) and the cooling-loss `phase` and
 /// `steps` where the node knows them; the states of the GPUs
-/// `unreadable` whose UUIDs are unknown are not kept. Returns the mark's
-/// clear to pend, or (`Err`) why the mark stays for this run.
+/// `unreadable` whose UUIDs are unknown are not kept: the clear waits for
+/// each to say its UUID in the run ([`PendingClear::identified`]).
+/// Returns the mark's clear to pend, or (`Err`) why the mark stays for
+/// this run.
 pub(super) async fn keep_after_loss(
     recorder: &Recorder,
-    (node, uuids, unreadable, limits_unread): (&node_core::node::Node, &[&str], &[u8], &[u8]),
+    started: (&node_core::node::Node, &[&str], &[u8], &[u8]),
     (phase, steps): (Phase, &[CoolingStep]),
     refused_before: u64,
 ) -> Result<PendingClear, String> {
+    let (node, uuids, unreadable, limits_unread) = started;
     let items = (!node.cooling_unknown()).then(|| super::cooling::phase_items(phase, steps));
     let unkept: Vec<u8> = (unreadable.iter().copied())
         .filter(|&g| {
@@ -231,36 +230,79 @@ pub(super) async fn keep_after_loss(
         .filter_map(|&g| uuids.get(g as usize))
         .filter_map(|u| super::limits::unread_record(u))
         .collect();
-    keep_recovered(recorder, refused_before, &unkept, limits_unread, items).await?;
-    Ok(PendingClear::new(refused_before))
+    keep_recovered(recorder, refused_before, limits_unread, items).await?;
+    Ok(PendingClear {
+        refused_before,
+        unkept,
+    })
 }
 
 /// The store's lost mark to clear while the agent runs, once what the
 /// start took back is kept ([`keep_recovered`]) and the rest of what the
 /// lost store held is known and kept again: the cooling-loss phase (known
 /// at the start, or once the CDU's word decides it: kept then,
-/// `super::cooling`). Each GPU's limits need no wait: the start kept for
-/// each a record that they were not read since the loss, which reads as
-/// unreadable (the limit found said as an error, never taken quietly for
-/// the GPU's ceiling: it may be a cap a lease left in force) until its
-/// first limits read are kept over it.
+/// `super::cooling`), and the state taken back of each GPU whose UUID was
+/// unknown at the start (no record can name it before): kept once it
+/// says its UUID in the run ([`Self::identified`]). A GPU that never says
+/// it in the run keeps the mark: its state taken back (a quarantine from
+/// the event log) is kept under no UUID, so a start that read the store
+/// intact would take the GPU as healthy, its quarantine forgotten, and
+/// the limit found on it (maybe a cap) for its ceiling; the next start
+/// takes them from the event log again. Each GPU's limits need no wait:
+/// the start kept for each whose record the loss took a record that they
+/// were not read since the loss, which reads as unreadable (the limit
+/// found said as an error, never taken quietly for the GPU's ceiling: it
+/// may be a cap a lease left in force) until its first limits read are
+/// kept over it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PendingClear {
     /// The flash's refusals counted before the start kept anything.
     refused_before: u64,
+    /// The GPUs whose UUIDs were unknown at the start, their states
+    /// taken back not kept yet.
+    unkept: Vec<u8>,
 }
 
 impl PendingClear {
-    /// A clear pending since the flash had refused `refused_before`
-    /// values.
-    pub(super) fn new(refused_before: u64) -> Self {
-        Self { refused_before }
+    /// Whether everything is kept that the mark waits for: the phase
+    /// known (`cooling_unknown`: not yet), and every GPU unknown at the
+    /// start identified since.
+    pub(super) fn ready(&self, cooling_unknown: bool) -> bool {
+        !cooling_unknown && self.unkept.is_empty()
     }
 
-    /// Whether everything is kept that the mark waits for: the phase
-    /// known (`cooling_unknown`: not yet).
-    pub(super) fn ready(&self, cooling_unknown: bool) -> bool {
-        !cooling_unknown
+    /// The GPUs the clear still waits for to say their UUIDs.
+    pub(super) fn unkept(&self) -> &[u8] {
+        &self.unkept
+    }
+
+    /// GPU `gpu` said its UUID (`uuid`): the clear waits for it no more
+    /// once its records are kept, by `recorder`: the limits found kept
+    /// for it (`kept_limits`, read through the recorder,
+    /// `super::limits::kept_through`) where they read, else the record
+    /// that they were not read since the loss; its health state the node
+    /// has it kept at its identification, handed to the recorder before
+    /// the clear. Whether the clear waited for it.
+    pub(super) async fn identified<T>(
+        &mut self,
+        recorder: &Recorder,
+        (gpu, uuid): (u8, &str),
+        kept_limits: &Result<Option<T>, String>,
+    ) -> bool {
+        if !self.unkept.contains(&gpu) {
+            return false;
+        }
+        if !matches!(kept_limits, Ok(Some(_))) {
+            // Refused: counted, so the clear says so and the mark stays.
+            let unread = super::limits::unread_record(uuid).into_iter().collect();
+            if let Err(e) = recorder.set_all_sync(unread).await {
+                tracing::error!(
+                    "GPU {gpu}: its power limits as not read since the config store was lost not kept ({e}): the store's lost mark stays"
+                );
+            }
+        }
+        self.unkept.retain(|&g| g != gpu);
+        true
     }
 }
 
@@ -314,8 +356,15 @@ impl super::Agent {
         match keep_after_loss(&self.recorder, started, cooling, refused_before).await {
             Ok(pending) => {
                 tracing::warn!(
-                    "the config store lost: what was taken back (GPU health, the cooling-loss phase when known) is kept again, and each GPU's power limits as not read since (unreadable at a restart until its first limit read is kept); the store's lost mark clears once the cooling-loss phase is known and kept"
+                    "the config store lost: what was taken back (GPU health, the cooling-loss phase when known) is kept again, and the power limits of each GPU whose record was lost as not read since (unreadable at a restart until its first limit read is kept); the store's lost mark clears once the cooling-loss phase is known and kept"
                 );
+                if !pending.unkept().is_empty() {
+                    tracing::error!(
+                        "the config store lost: GPUs {:?}: their UUIDs unknown at the start, their states taken back are kept once each says it (asked every {} s while it answers); the store's lost mark stays until then: {UNKEPT_WHY}",
+                        pending.unkept(),
+                        super::identify::ASK_EVERY.as_secs()
+                    );
+                }
                 self.lost_mark = Some(pending);
                 self.clear_lost_mark_once_kept();
             }
@@ -323,10 +372,38 @@ impl super::Agent {
         }
     }
 
+    /// GPU `gpu`, whose UUID was unknown at the start, said it (`uuid`;
+    /// the limits kept for it, `kept_limits`, as read then): after a
+    /// config store lost, the clear of its lost mark waits for it no
+    /// more ([`PendingClear::identified`]). Called before the node is
+    /// told, so its limits read since are kept over the record that they
+    /// were not.
+    pub(super) async fn identified_after_loss<T>(
+        &mut self,
+        gpu: u8,
+        uuid: &str,
+        kept_limits: &Result<Option<T>, String>,
+    ) {
+        let Some(pending) = self.lost_mark.as_mut() else {
+            return;
+        };
+        if pending
+            .identified(&self.recorder, (gpu, uuid), kept_limits)
+            .await
+        {
+            tracing::warn!(
+                "the config store lost: GPU {gpu} said its UUID: its state taken back is kept under it, its power limits as not read since unless a record of them survived; GPUs the lost mark still waits for: {:?}",
+                pending.unkept()
+            );
+        }
+    }
+
     /// Clears the store's lost mark, off the loop and in order after what
     /// was handed to the flash, if one is pending and all it waits for is
     /// kept ([`PendingClear::ready`]); the outcome said. A clean stop
-    /// waits for it ([`Self::finish_lost_mark_clear`]).
+    /// waits for it ([`Self::finish_lost_mark_clear`]). Called when the
+    /// cooling-loss phase is kept, and after each step (a GPU identified
+    /// late has its health kept by its step).
     pub(super) fn clear_lost_mark_once_kept(&mut self) {
         let unknown = self.node.cooling_unknown();
         if !self.lost_mark.as_ref().is_some_and(|p| p.ready(unknown)) {
@@ -350,8 +427,16 @@ impl super::Agent {
     /// mark's clear under way, so it is in flash before the stop (a stop
     /// that cancelled it left the next start reading the store as lost
     /// again, every GPU not quarantined degraded); one not done by then is
-    /// said, the mark left as the flash has it.
+    /// said, the mark left as the flash has it. A clear still waiting for
+    /// GPUs that never said their UUIDs is said too: the mark stays.
     pub(super) async fn finish_lost_mark_clear(&mut self) {
+        if let Some(unkept) = self.lost_mark.as_ref().map(|p| p.unkept().to_vec()) {
+            if !unkept.is_empty() {
+                tracing::error!(
+                    "the config store lost: GPUs {unkept:?} never said their UUIDs in this run: the store's lost mark stays, the next start reads the config store as lost again: {UNKEPT_WHY}"
+                );
+            }
+        }
         let Some(clearing) = self.lost_mark_clearing.take() else {
             return;
         };
@@ -367,6 +452,10 @@ impl super::Agent {
         }
     }
 }
+
+/// Why the lost mark waits for a GPU whose UUID is unknown: said at the
+/// start and at a stop before it said it.
+const UNKEPT_WHY: &str = "such a GPU's state taken back (a quarantine from the event log included) is kept under no UUID, so a start that read the store intact would take it as healthy, its quarantine forgotten, and the limit found on it (maybe a cap) for its site's limit; a start that reads the store lost takes its quarantine from the event log again, and marks every other GPU not quarantined degraded (kept-state-unreadable) until its quiet period passes; a GPU off the bus for good: take it out of the host and restart";
 
 /// How long a clean stop waits for the lost mark's clear under way: the
 /// flash's writes handed before it, then the mark.

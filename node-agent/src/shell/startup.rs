@@ -1446,6 +1446,16 @@ mod tests {
         }
     }
 
+    /// GPU `gpu`'s health as `node` has it kept by `r` under its UUID
+    /// (`uuid`), as the agent's `keep_health` keeps it.
+    fn keep_health_of(r: &loopwarden_store::recorder::Recorder, node: &Node, gpu: u8, uuid: &str) {
+        let id = id(uuid);
+        let value = tagged(id, &postcard::to_allocvec(&node.gpu_health(gpu)).unwrap());
+        let check = check_of(&value);
+        r.set(Record::Health.key(id), value);
+        r.set(health_check_key(id), check);
+    }
+
     /// After a start from the flash at `path` (`stores`) that found the
     /// config store lost (`node`, `undone`, on the GPUs `uuids`): what the
     /// agent keeps (the health states taken back, kept here as the
@@ -1466,11 +1476,7 @@ mod tests {
         let r = recorder_of(stores, path);
         let before = r.refused();
         for &g in &undone.unreadable {
-            let id = id(uuids[g as usize]);
-            let value = tagged(id, &postcard::to_allocvec(&node.gpu_health(g)).unwrap());
-            let check = check_of(&value);
-            r.set(Record::Health.key(id), value);
-            r.set(health_check_key(id), check);
+            keep_health_of(&r, node, g, uuids[g as usize]);
         }
         let started = (
             &*node,
@@ -1721,7 +1727,8 @@ mod tests {
     /// The config store lost, the event log saying GPU 1 quarantined and
     /// the host draining for a cooling loss, GPU 1 not saying its UUID at
     /// the start: its state cannot be kept (no record names it), so the
-    /// store's lost mark stays for the run, said; the cooling-loss phase
+    /// store's lost mark waits for it to say its UUID (a stop before then
+    /// leaves the mark for the next start, said); the cooling-loss phase
     /// taken back is kept all the same, so a start that finds the store
     /// intact later reads the host draining, never cooled on the store's
     /// silence.
@@ -1751,18 +1758,87 @@ mod tests {
         );
         let cooling = (undone.phase, &undone.steps[..]);
         let keep = super::super::lost_store::keep_after_loss(&r, started, cooling, 0);
-        let kept = futures::executor::block_on(keep);
-        assert!(kept.as_ref().is_err_and(|e| e.contains("[1]")), "{kept:?}");
+        let pending = futures::executor::block_on(keep).unwrap();
+        assert_eq!(pending.unkept(), &[1]);
+        assert!(!pending.ready(false), "the mark waits for GPU 1");
         futures::executor::block_on(r.flush());
         drop(r);
         let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
-        assert!(stores.config_lost, "the mark stays for the run");
+        assert!(
+            stores.config_lost,
+            "stopped before GPU 1 said it: the mark stays"
+        );
         let cannot_tell = Some(Err("the log is not read".to_string()));
         let kept = futures::executor::block_on(super::super::cooling::restore(
             &mut stores.store,
             cannot_tell,
         ));
         assert_eq!(kept.map(|k| k.0), Some(draining), "the phase is in flash");
+    }
+
+    /// The config store lost, the event log saying GPU 1 quarantined, GPU
+    /// 1 (A) not saying its UUID at the start: the lost mark waits for it
+    /// (its state can be kept under no UUID before). It says it later in
+    /// the run: its state (quarantined again from the log) is kept under
+    /// its UUID, by the node's step that takes its identity, and its
+    /// limits as not read since the loss (no record of them survived),
+    /// and the mark, which waited for GPU 1 last, clears: the next start
+    /// reads the store intact, GPU 1 quarantined as kept, no GPU degraded
+    /// anew, every GPU's limit found said as an error (never taken
+    /// quietly for its ceiling: it may be a cap a lease left).
+    #[test]
+    fn a_gpu_identified_late_after_a_loss_is_kept_and_clears_the_lost_mark() {
+        use node_core::node::{Effect, Input, Now};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let logged = health_changes(&[(1, Healthy, Quarantined, ReasonCode::DBE_VOLATILE)]);
+        let uuids = [X, UNKNOWN_UUID, B];
+        lost_after_on(&path, &logged, uuids);
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(stores.config_lost);
+        let (mut node, undone) = restored_with(&mut stores.store, uuids, &mut stores.log, true);
+        assert_eq!(node.health().status(1).unwrap().state, Quarantined);
+        let r = recorder_of(stores, &path);
+        let before = r.refused();
+        for &g in undone.unreadable.iter().filter(|&&g| g != 1) {
+            keep_health_of(&r, &node, g, uuids[g as usize]);
+        }
+        let started = (
+            &node,
+            &uuids[..],
+            &undone.unreadable[..],
+            &undone.limits_unread[..],
+        );
+        let cooling = (undone.phase, &undone.steps[..]);
+        let keep = super::super::lost_store::keep_after_loss(&r, started, cooling, before);
+        let mut pending = futures::executor::block_on(keep).unwrap();
+        assert!(!pending.ready(node.cooling_unknown()), "waits for GPU 1");
+        // GPU 1 says its UUID, A, as the agent's late identification
+        // takes it.
+        let found = futures::executor::block_on(super::super::limits::kept_through(&r, A));
+        assert_eq!(found, Ok(None), "no record of A's limits survived");
+        let waited = pending.identified(&r, (1, A), &found);
+        assert!(futures::executor::block_on(waited));
+        let now = Now::at(SINCE + 20_000);
+        let identified = Input::Identified {
+            gpu: 1,
+            kept: None,
+            limit: None,
+        };
+        assert!(node.step(now, identified).contains(&Effect::KeepHealth(1)));
+        keep_health_of(&r, &node, 1, A);
+        assert!(pending.ready(node.cooling_unknown()), "GPU 1 was the last");
+        futures::executor::block_on(super::super::lost_store::clear_mark(&r, pending)).unwrap();
+        futures::executor::block_on(r.flush());
+        drop(r);
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(!stores.config_lost, "the mark is cleared");
+        let (mut node, undone) =
+            restored_with(&mut stores.store, [X, A, B], &mut stores.log, false);
+        assert_eq!(undone.unreadable, Vec::<u8>::new(), "no GPU degraded anew");
+        assert_eq!(node.health().status(1).unwrap().state, Quarantined);
+        let said = first_read(&mut node, 450);
+        assert_eq!(unreadable_limits(&said), vec![0, 1, 2], "{said:?}");
     }
 
     /// GPU 1 (A) quarantined, as the store and the event log say; then
