@@ -412,15 +412,7 @@ impl super::Agent {
         let Some(pending) = self.lost_mark.take() else {
             return;
         };
-        let recorder = self.recorder.clone();
-        self.lost_mark_clearing = Some(tokio::spawn(async move {
-            match clear_mark(&recorder, pending).await {
-                Ok(()) => tracing::warn!(
-                    "the config store lost: what the lost store held is kept again: its lost mark is cleared, the next start reads the store as intact"
-                ),
-                Err(e) => tracing::error!("{e}"),
-            }
-        }));
+        self.lost_mark_clearing = Some(spawn_clear(self.recorder.clone(), pending));
     }
 
     /// At a clean stop: waits (at most [`CLEAR_WAIT`]) for the lost
@@ -437,19 +429,41 @@ impl super::Agent {
                 );
             }
         }
-        let Some(clearing) = self.lost_mark_clearing.take() else {
-            return;
-        };
-        match tokio::time::timeout(CLEAR_WAIT, clearing).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(
-                "the config store lost: clearing its lost mark failed ({e}): the next start may read the store as lost again"
-            ),
-            Err(_) => tracing::error!(
-                "the config store lost: its lost mark's clear not done after {} s (the flash is slow or failing): the next start may read the store as lost again",
-                CLEAR_WAIT.as_secs()
-            ),
+        if let Some(clearing) = self.lost_mark_clearing.take() {
+            finish_clear(clearing).await;
         }
+    }
+}
+
+/// Clears the store's lost mark by `recorder` ([`clear_mark`]) on a task
+/// of its own, off the loop; the outcome said. The caller holds the task,
+/// for a clean stop to wait for ([`finish_clear`]).
+pub(super) fn spawn_clear(
+    recorder: Recorder,
+    pending: PendingClear,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        match clear_mark(&recorder, pending).await {
+            Ok(()) => tracing::warn!(
+                "the config store lost: what the lost store held is kept again: its lost mark is cleared, the next start reads the store as intact"
+            ),
+            Err(e) => tracing::error!("{e}"),
+        }
+    })
+}
+
+/// Waits (at most [`CLEAR_WAIT`]) for the lost mark's clear under way
+/// (`clearing`, [`spawn_clear`]); one not done by then is said.
+pub(super) async fn finish_clear(clearing: tokio::task::JoinHandle<()>) {
+    match tokio::time::timeout(CLEAR_WAIT, clearing).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(
+            "the config store lost: clearing its lost mark failed ({e}): the next start may read the store as lost again"
+        ),
+        Err(_) => tracing::error!(
+            "the config store lost: its lost mark's clear not done after {} s (the flash is slow or failing): the next start may read the store as lost again",
+            CLEAR_WAIT.as_secs()
+        ),
     }
 }
 

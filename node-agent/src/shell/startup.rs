@@ -1776,6 +1776,51 @@ mod tests {
         assert_eq!(kept.map(|k| k.0), Some(draining), "the phase is in flash");
     }
 
+    /// The config store lost on a host without CDU (the phase known at
+    /// the start): the lost mark's clear is spawned off the loop as the
+    /// agent spawns it, and a clean stop right after, on a runtime that
+    /// has not run it yet, waits for it as the agent's stop does: the next
+    /// start reads the store intact (a stop that did not wait dropped the
+    /// clear with the runtime, and the next start read the store as lost
+    /// again, every GPU not quarantined degraded).
+    #[test]
+    fn a_clean_stop_waits_for_the_lost_marks_clear_under_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let logged = health_changes(&[(1, Healthy, Quarantined, ReasonCode::DBE_VOLATILE)]);
+        lost_after(&path, &logged);
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(stores.config_lost);
+        let (node, undone) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, true);
+        let r = recorder_of(stores, &path);
+        for &g in &undone.unreadable {
+            keep_health_of(&r, &node, g, [X, A, B][g as usize]);
+        }
+        let started = (
+            &node,
+            &[X, A, B][..],
+            &undone.unreadable[..],
+            &undone.limits_unread[..],
+        );
+        let cooling = (undone.phase, &undone.steps[..]);
+        let keep = super::super::lost_store::keep_after_loss(&r, started, cooling, 0);
+        let pending = futures::executor::block_on(keep).unwrap();
+        assert!(pending.ready(node.cooling_unknown()));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let clearing = super::super::lost_store::spawn_clear(r.clone(), pending);
+            super::super::lost_store::finish_clear(clearing).await;
+        });
+        drop(rt);
+        futures::executor::block_on(r.flush());
+        drop(r);
+        let stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(!stores.config_lost, "the clear was waited for");
+    }
+
     /// The config store lost, the event log saying GPU 1 quarantined, GPU
     /// 1 (A) not saying its UUID at the start: the lost mark waits for it
     /// (its state can be kept under no UUID before). It says it later in
