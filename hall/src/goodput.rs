@@ -121,11 +121,13 @@ struct Measured {
     notes: Vec<String>,
 }
 
-fn measured(a: &GoodputArgs) -> Result<Option<Measured>, String> {
+/// The measured model for a run of `mix` (its detection latency over the
+/// classes `mix` plays as hangs a host sees).
+fn measured(a: &GoodputArgs, mix: &Mix) -> Result<Option<Measured>, String> {
     if a.no_measured {
         return Ok(None);
     }
-    let m = loopwarden_hall::precursors::measured(a.seed)
+    let m = loopwarden_hall::precursors::measured(a.seed, mix)
         .map_err(|e| format!("the measured precursor model: {e}"))?;
     Ok(Some(Measured {
         classes: m.classes,
@@ -136,11 +138,16 @@ fn measured(a: &GoodputArgs) -> Result<Option<Measured>, String> {
     }))
 }
 
+/// The `--mix` file's mix, else Llama 3's.
+fn mix(a: &GoodputArgs) -> Result<Mix, String> {
+    match &a.mix {
+        Some(p) => Mix::load(p).map_err(|e| e.to_string()),
+        None => Ok(Mix::default()),
+    }
+}
+
 fn inputs(a: &GoodputArgs, m: Option<&Measured>) -> Result<Inputs, String> {
-    let mut mix = match &a.mix {
-        Some(p) => Mix::load(p).map_err(|e| e.to_string())?,
-        None => Mix::default(),
-    };
+    let mut mix = mix(a)?;
     let mut unmeasured = Vec::new();
     if let Some(m) = m {
         // The measured precursors for the classes the mix has by name.
@@ -229,7 +236,7 @@ fn inputs(a: &GoodputArgs, m: Option<&Measured>) -> Result<Inputs, String> {
 /// Runs the command: the report's files, then (with `--json`) the
 /// summary, one line each, for standard output.
 pub fn run(a: &GoodputArgs) -> Result<Vec<String>, String> {
-    let m = measured(a)?;
+    let m = measured(a, &mix(a)?)?;
     let inputs = inputs(a, m.as_ref())?;
     let study = Study::compute(inputs)?;
     fs::create_dir_all(&a.out).map_err(|e| format!("{}: {e}", a.out.display()))?;

@@ -19,9 +19,9 @@
 //!   of them quarantined before they struck (`quarantined`);
 //! - the detection latency (the failure's start to the quarantine) over
 //!   the failures the job model applies it to: those of the classes the
-//!   twin's default mix plays as hangs a host sees (`gsp`); the hangs of
-//!   a class it plays as a crash (`faulty_gpu`'s without an XID) are said
-//!   apart, a figure it does not use ([`detection`]);
+//!   run's mix plays as hangs a host sees (`gsp` in the default mix); the
+//!   hangs of a class it plays as a crash (`faulty_gpu`'s without an XID)
+//!   are said apart, a figure it does not use ([`detection`]);
 //! - upper bounds on false alarms per GPU-day, every GPU that left
 //!   `healthy` without a fault over the GPU-days replayed, counted apart:
 //!   false quarantines (it reached `quarantined` before it was healthy
@@ -47,7 +47,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use loopwarden_twin::goodput::{LeadTime, Precursor};
+use loopwarden_twin::goodput::{LeadTime, Mix, Precursor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
@@ -72,8 +72,9 @@ pub struct MeasuredModel {
     /// The engine's detection latency (the failure's start, its XID or
     /// its first missed answer -> quarantine), seconds, measured by
     /// replay: the mean over the failures not quarantined before they
-    /// struck whose class the twin's default mix plays as a hang a host
-    /// sees ([`detection::applied_classes`]), the only ones the job model
+    /// struck whose class the run's mix plays as a hang a host sees
+    /// ([`detection::applied_classes`]; the default mix's where the traces
+    /// hold none of those), the only ones the job model
     /// applies it to (a class it plays as a crash stops the job at once).
     /// The hangs of other classes are in a note, not here.
     pub detection_s: f64,
@@ -118,8 +119,8 @@ impl Size {
 /// traces generated with `seed` ([`Size::DEFAULT`]: 7.7 million records,
 /// 3 to 6 s in release on 2 cores, about ten times that in a debug
 /// build; tests should call [`measure`] with a small [`Size`]).
-pub fn measured(seed: u64) -> Result<MeasuredModel, String> {
-    measure(seed, Size::DEFAULT)?.model()
+pub fn measured(seed: u64, mix: &Mix) -> Result<MeasuredModel, String> {
+    measure(seed, Size::DEFAULT)?.model_for(mix)
 }
 
 /// One generated trace, its expectation and, for a failure, the truth.
@@ -656,6 +657,13 @@ impl Measurement {
     /// detection latency, and leaving it out would credit the engine with
     /// it), or if no hang was quarantined after it struck.
     pub fn model(&self) -> Result<MeasuredModel, String> {
+        self.model_for(&Mix::default())
+    }
+
+    /// [`Measurement::model`] for a run of `mix`: its detection latency is
+    /// the mean over the classes `mix` plays as hangs a host sees
+    /// ([`detection`]).
+    pub fn model_for(&self, mix: &Mix) -> Result<MeasuredModel, String> {
         let missed: Vec<String> = self
             .never_quarantined()
             .map(|f| format!("{} on gpu {}", f.failure.class, f.failure.gpu))
@@ -709,7 +717,7 @@ impl Measurement {
             ));
             classes.push((class.to_string(), p));
         }
-        let (detection_s, said) = self.hang_detection()?;
+        let (detection_s, said) = self.hang_detection(mix)?;
         notes.extend(said);
         let (q, d) = (self.false_quarantines(), self.false_degrades());
         notes.push(format!(

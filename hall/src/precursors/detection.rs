@@ -5,11 +5,12 @@
 //! detection latency only to a class it plays as a hang a host sees
 //! (`Onset::Hang`, `host_visible`); a class it plays as a crash stops the
 //! job at once, whatever the agent sees. So `detection_s` is the mean over
-//! the failures of those classes, read from the twin's default mix, not
-//! over every hang the traces hold.
+//! the failures of those classes, read from the run's mix (the default
+//! mix's where the traces hold no failure of any of them), not over every
+//! hang the traces hold.
 //!
 //! Glossary:
-//! - *applied class*: a class the default mix plays as a hang a host sees
+//! - *applied class*: a class the run's mix plays as a hang a host sees
 //!   (`gsp` in Llama 3's); the job model applies `detection_s` to it.
 //! - *unused hang*: a hang ([`Mechanism::is_hang`]) of any other class
 //!   (`faulty_gpu`'s GPUs that stop answering without an XID): the job
@@ -67,17 +68,57 @@ fn spread(det: &[f64]) -> (f64, String) {
 }
 
 impl Measurement {
+    /// The classes the detection latency is the mean over, and a sentence
+    /// on where they come from: the run's `mix`'s applied classes the
+    /// traces hold failures of; where they hold none of them, the default
+    /// mix's (the latency then applies to none of the run's hangs, or to
+    /// classes with no measured latency, and the note says so).
+    fn latency_classes(&self, mix: &Mix) -> (Vec<String>, String) {
+        let applied = applied_classes(mix);
+        let held = |c: &&str| self.failures.iter().any(|f| f.failure.class == *c);
+        let (measured, not): (Vec<&str>, Vec<&str>) = applied.iter().partition(|c| held(c));
+        if !measured.is_empty() {
+            let how = if not.is_empty() {
+                "the run's mix plays as hangs a host sees".to_string()
+            } else {
+                format!(
+                    "the run's mix plays as hangs a host sees (it plays {} so too, of which the \
+                     traces hold no failure: they take this mean)",
+                    not.join(", ")
+                )
+            };
+            return (measured.iter().map(|c| c.to_string()).collect(), how);
+        }
+        let default = Mix::default();
+        let classes: Vec<String> = applied_classes(&default)
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        let how = if applied.is_empty() {
+            "the default mix plays as hangs a host sees (the run's mix plays no class so, and \
+             applies it to none)"
+                .to_string()
+        } else {
+            format!(
+                "the default mix plays as hangs a host sees (the traces hold no failure of the \
+                 classes the run's mix plays so, {}, which take it unmeasured)",
+                applied.join(", ")
+            )
+        };
+        (classes, how)
+    }
+
     /// The detection latency the job model takes, with its note, and a
     /// note on the hangs' it does not use: the mean over the failures of
-    /// the default mix's applied classes not quarantined before they
-    /// struck; an error if none was measured.
-    pub(super) fn hang_detection(&self) -> Result<(f64, Vec<String>), String> {
-        let mix = Mix::default();
-        let applied = applied_classes(&mix);
+    /// `mix`'s applied classes not quarantined before they struck (the
+    /// default mix's where the traces hold none of those); an error if
+    /// none was measured.
+    pub(super) fn hang_detection(&self, mix: &Mix) -> Result<(f64, Vec<String>), String> {
+        let (applied, whose) = self.latency_classes(mix);
         let (of_applied, others): (Vec<&FailureOutcome>, Vec<&FailureOutcome>) = self
             .failures
             .iter()
-            .partition(|f| applied.contains(&f.failure.class));
+            .partition(|f| applied.iter().any(|c| c == f.failure.class));
         let det = after_s(&of_applied);
         if det.is_empty() {
             return Err(format!(
@@ -91,7 +132,7 @@ impl Measurement {
         let (mean, how) = spread(&det);
         let all = self.detections_s();
         let applied_note = format!(
-            "detection_s: the mean, over the {} failures of the classes the default mix plays as hangs a host sees ({}: {}) not quarantined before they struck, of the time from the failure's start (its XID, or the first sample it misses) to the quarantine verdict in the replay ({how}). The job model applies it to those classes only (one it plays as a crash stops the job at once); over all {} failures, crashes quarantined on their XID included, the mean is {:.3} s. The driver's own delay in delivering an XID is not in the traces.",
+            "detection_s: the mean, over the {} failures of {} ({}) not quarantined before they struck, the classes {whose}, of the time from the failure's start (its XID, or the first sample it misses) to the quarantine verdict in the replay ({how}). The job model applies it to the classes it plays as hangs a host sees only (one it plays as a crash stops the job at once); over all {} failures, crashes quarantined on their XID included, the mean is {:.3} s. The driver's own delay in delivering an XID is not in the traces.",
             det.len(),
             applied.join(", "),
             names(&of_applied, |f| f.failure.mechanism.name()),

@@ -474,3 +474,44 @@ fn a_precursor_says_what_share_of_its_flags_were_quarantines() {
     assert!((p.coverage - 2.0 / 3.0).abs() < 1e-12, "{p:?}");
     assert_eq!(p.quarantined, 0.5, "{p:?}");
 }
+
+#[test]
+fn the_detection_latency_is_taken_over_the_hangs_of_the_runs_mix() {
+    use loopwarden_twin::goodput::Onset;
+    let mut m = small().clone();
+    m.failures.truncate(2);
+    m.failures[0].failure.class = "gsp";
+    m.failures[0].failure.mechanism = Mechanism::AbruptGsp { xid: 119 };
+    m.failures[0].detection = Detection::After(1_000);
+    m.failures[1].failure.class = "faulty_gpu";
+    m.failures[1].failure.mechanism = Mechanism::AbruptGpu { xid: None };
+    m.failures[1].detection = Detection::After(3_000);
+    let playing = |hangs: &[&str]| {
+        let mut mix = Mix::default();
+        for c in &mut mix.classes {
+            if c.host_visible {
+                c.onset = if hangs.contains(&c.name.as_str()) {
+                    Onset::Hang
+                } else {
+                    Onset::Crash
+                };
+            }
+        }
+        mix
+    };
+    let latency = |mix: &Mix| m.model_for(mix).unwrap().detection_s;
+    assert_eq!(latency(&Mix::default()), 1.0);
+    assert_eq!(latency(&playing(&["gsp"])), 1.0);
+    // A mix that plays the faulty GPUs as hangs and the GSP's as crashes.
+    assert_eq!(latency(&playing(&["faulty_gpu"])), 3.0);
+    assert_eq!(latency(&playing(&["faulty_gpu", "gsp"])), 2.0);
+    // A mix whose hangs a host sees the traces hold none of keeps the
+    // default mix's, and says so.
+    let none = m.model_for(&playing(&[])).unwrap();
+    assert_eq!(none.detection_s, 1.0);
+    assert!(
+        none.notes.iter().any(|n| n.contains("applies it to none")),
+        "{:?}",
+        none.notes
+    );
+}
