@@ -8,7 +8,10 @@
 //! would show: its measurements in the input registers (with the
 //! scenario's sensor faults, valve positions and pump faults; the outdoor
 //! temperature too, where the map has `outdoor_temp`) and the leak ropes
-//! on the board's lines (wet, cut, or the lines failing).
+//! on the board's lines (wet, cut, or the lines failing). A reading past
+//! its register's range shows at the range's end (short of the type's
+//! "no value" sentinel); a register that cannot take its value keeps no
+//! other from being written.
 //!
 //! The CDU falls back on its own, as real ones do: once it has seen the
 //! heartbeat register change or the relay pulse, a heartbeat unchanged or
@@ -442,15 +445,21 @@ impl Hall {
     }
 
     /// What the CDU shows in its input registers after a step, its
-    /// sensors reading `readings` ([`Hall::sense`]).
+    /// sensors reading `readings` ([`Hall::sense`]). Every register is
+    /// written even where one cannot take its value: the first such error
+    /// is returned once all are written.
     fn show_registers(
-        &mut self,
+        &self,
         act: &Actuation,
         active: &[FaultKind],
         readings: &[Option<f64>; 6],
     ) -> Result<(), ValueError> {
-        let m = self.plant.meters();
-        let racks = self.plant.site().racks;
+        let mut first = None;
+        let mut note = |r: Result<(), ValueError>| {
+            if let Err(e) = r {
+                first.get_or_insert(e);
+            }
+        };
         let registers = [
             "supply_temp",
             "return_temp",
@@ -461,37 +470,50 @@ impl Hall {
         for (register, v) in registers.into_iter().zip(readings) {
             // A lost sensor reads as its register's floor (0), as a broken
             // 4-20 mA loop does; the controller must tell it from a reading.
-            self.cdu
-                .set_measurement(register, v.unwrap_or(0.0).max(0.0))?;
+            // A reading past the register's range shows at its end.
+            let shown = self.saturated(register, v.unwrap_or(0.0).max(0.0));
+            note(self.cdu.set_measurement(register, shown));
         }
-        self.show_outdoor(readings[5])?;
+        note(self.show_outdoor(readings[5]));
+        for (register, v) in self.status_measurements(act, active) {
+            note(self.cdu.set_measurement(register, v));
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// The CDU's measurements besides its sensors after a step: pumps,
+    /// valves, leak inputs and meters.
+    fn status_measurements(
+        &self,
+        act: &Actuation,
+        active: &[FaultKind],
+    ) -> [(&'static str, f64); 9] {
+        let m = self.plant.meters();
+        let racks = self.plant.site().racks;
         // A seized pump's contactor reads running; a tripped one shows
         // its drive's fault.
-        let tripped = |i: usize| active.contains(&FaultKind::PumpTrip(i));
+        let tripped = |i: usize| f64::from(u8::from(active.contains(&FaultKind::PumpTrip(i))));
         let running = self.played.pumps_running.map(|on| f64::from(u8::from(on)));
-        self.cdu.set_measurement("pump_a_running", running[0])?;
-        self.cdu.set_measurement("pump_b_running", running[1])?;
-        self.cdu
-            .set_measurement("pump_a_fault", f64::from(u8::from(tripped(0))))?;
-        self.cdu
-            .set_measurement("pump_b_fault", f64::from(u8::from(tripped(1))))?;
         let bits = |f: &dyn Fn(usize) -> bool| -> f64 {
             f64::from((0..racks).filter(|r| f(*r)).map(|r| 1u32 << r).sum::<u32>())
         };
         // A stuck position input reads what it is stuck at.
         let closed = |r: usize| crate::sim::feedback_stuck(active, r).unwrap_or(!act.valves[r]);
-        self.cdu.set_measurement("valves_closed", bits(&closed))?;
         // The CDU's leak inputs are the same ropes, wired to it too.
         let leak_bits = bits(&|r| {
             active.contains(&FaultKind::Leak(r)) && !active.contains(&FaultKind::RopeCut(r))
         });
-        self.cdu.set_measurement("leak_inputs", leak_bits)?;
-        self.cdu.set_measurement("it_power", m.it_w.round())?;
-        self.cdu
-            .set_measurement("cooling_power", (m.pump_w + m.fans_w + m.chiller_w).round())?;
-        self.cdu
-            .set_measurement("facility_power", m.facility_w.round())?;
-        Ok(())
+        [
+            ("pump_a_running", running[0]),
+            ("pump_b_running", running[1]),
+            ("pump_a_fault", tripped(0)),
+            ("pump_b_fault", tripped(1)),
+            ("valves_closed", bits(&closed)),
+            ("leak_inputs", leak_bits),
+            ("it_power", m.it_w.round()),
+            ("cooling_power", (m.pump_w + m.fans_w + m.chiller_w).round()),
+            ("facility_power", m.facility_w.round()),
+        ]
     }
 }
 
@@ -504,7 +526,7 @@ impl Hall {
     /// controller reads as no reading. A drift is held within the
     /// register's other values. `reading`: what the sensor reads (`None`:
     /// lost).
-    fn show_outdoor(&mut self, reading: Option<f64>) -> Result<(), ValueError> {
+    fn show_outdoor(&self, reading: Option<f64>) -> Result<(), ValueError> {
         const REGISTER: &str = "outdoor_temp";
         let Some(r) = self.cdu.map().get(REGISTER) else {
             return Ok(());
@@ -530,6 +552,25 @@ impl Hall {
         };
         self.cdu.set_measurement(REGISTER, v)
     }
+
+    /// `v` held within what measurement `register` can show: its type's
+    /// range at its scale less the type's "no value" sentinel (0x8000 in
+    /// an i16, 0xFFFF in a u16), as a transmitter past its span reads its
+    /// span's end. A register the map lacks: `v` as it is.
+    fn saturated(&self, register: &str, v: f64) -> f64 {
+        let Some(r) = self.cdu.map().get(register) else {
+            return v;
+        };
+        let (mut lo, mut hi) = r.ty.raw_range();
+        let sentinel = r.ty.raw_of(r.ty.sentinel());
+        if sentinel == lo {
+            lo += 1.0;
+        } else if sentinel == hi {
+            hi -= 1.0;
+        }
+        let (a, b) = (lo * r.scale, hi * r.scale);
+        v.clamp(a.min(b), a.max(b))
+    }
 }
 
 /// Notes a watched signal's value `v` at `t`: when it last changed. The
@@ -549,13 +590,18 @@ mod tests {
     use loopwarden_boards::pins::BoardPins;
 
     fn hall(extra: &str) -> (Hall, SimCdu, SimLines) {
+        hall_on(RegisterMap::sim_cdu(), extra)
+    }
+
+    /// A hall whose CDU serves `map`.
+    fn hall_on(map: RegisterMap, extra: &str) -> (Hall, SimCdu, SimLines) {
         let text = format!(
             "format = \"plant-scenario/1\"\ndescription = \"t\"\nduration_s = 3600\nseed = 1\n\
              [site]\nracks = 2\n[ambient]\npoints = [[0, 20.0]]\n[load]\nall = [[0, 0.8]]\n{extra}"
         );
         let s = Scenario::from_toml(&text, "t.toml").unwrap();
         let cdu = SimCdu::new(
-            RegisterMap::sim_cdu(),
+            map,
             &[
                 ("supply_setpoint", 30.0),
                 ("pump_speed", 100.0),
@@ -922,5 +968,51 @@ mod tests {
         }
         let g = h.gpus();
         assert!(g[40].t_j > g[0].t_j + 10.0, "rack 1 heats without flow");
+    }
+
+    #[test]
+    fn a_loop_sensor_past_its_register_saturates_and_every_other_register_still_updates() {
+        // The supply sensor drifts past its i16 register at 0.01 (327.67
+        // °C) within a minute; pump A trips after it has.
+        let (mut h, cdu, _) = hall(
+            "[[fault]]\nat_s = 0\nkind = \"sensor_drift\"\ntarget = \"supply_temp\"\nvalue = 600.0\n\
+             [[fault]]\nat_s = 60\nkind = \"pump_trip\"\ntarget = \"A\"\n",
+        );
+        for k in 0..120 {
+            h.step(1.0).unwrap_or_else(|e| panic!("step {k}: {e}"));
+        }
+        assert_eq!(
+            input(&cdu, "supply_temp"),
+            327.67,
+            "held at its register's top"
+        );
+        assert_eq!(
+            (input(&cdu, "pump_a_running"), input(&cdu, "pump_a_fault")),
+            (0.0, 1.0),
+            "the trip shows"
+        );
+        // A register that cannot take its value (here one the map lacks)
+        // fails the step, naming it, and every other register still shows.
+        let text = include_str!("../../boards/cdus/sim-cdu.toml");
+        let (start, end) = (
+            text.find("[[register]]").unwrap(),
+            text.find("name = \"return_temp\"").unwrap(),
+        );
+        let without = format!(
+            "{}{}",
+            &text[..start],
+            &text[end - "[[register]]\n".len()..]
+        );
+        let map = RegisterMap::from_toml(&without, "no supply").unwrap();
+        let (mut h, cdu, _) = hall_on(
+            map,
+            "[[fault]]\nat_s = 5\nkind = \"pump_trip\"\ntarget = \"A\"\n",
+        );
+        for _ in 0..10 {
+            let e = h.step(1.0).expect_err("no supply_temp register");
+            assert!(e.to_string().contains("supply_temp"), "{e}");
+        }
+        assert_eq!(input(&cdu, "pump_a_fault"), 1.0, "shown all the same");
+        assert!(input(&cdu, "return_temp") > 0.0);
     }
 }

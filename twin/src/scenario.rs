@@ -606,10 +606,15 @@ fn fault_of(f: &FaultFile, site: &SiteConfig) -> Result<Fault, String> {
         }
         "leak" => FaultKind::Leak(rack()?),
         "sensor_stuck" => FaultKind::SensorStuck(sensor()?),
-        "sensor_drift" => FaultKind::SensorDrift(
-            sensor()?,
-            needed("its drift in K (or L/min, or kPa) per minute")?,
-        ),
+        "sensor_drift" => {
+            let rate = needed("its drift in K (or L/min, or kPa) per minute")?;
+            if !rate.is_finite() {
+                return Err(format!(
+                    "value {rate}: its drift per minute, a finite number"
+                ));
+            }
+            FaultKind::SensorDrift(sensor()?, rate)
+        }
         "sensor_lost" => FaultKind::SensorLost(sensor()?),
         "bus_outage" => FaultKind::BusOutage,
         "modbus_outage" => FaultKind::ModbusOutage,
@@ -792,6 +797,13 @@ target = "1.3.7"
             e.contains("supply_temp") && e.contains("outdoor_temp"),
             "every sensor named: {e}"
         );
+        for rate in ["inf", "-inf", "nan"] {
+            let e = bad("value = 0.5", &format!("value = {rate}"));
+            assert!(
+                e.contains("sensor_drift") && e.contains("a finite number"),
+                "{e}"
+            );
+        }
         let e = bad("racks = 2", "rakcs = 2");
         assert!(e.contains("[site]") && e.contains("rakcs"), "{e}");
     }
