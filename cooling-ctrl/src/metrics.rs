@@ -87,6 +87,7 @@ impl CduMetrics {
             // How old every series below is.
             out.sample(&LAST_STEP, &cdu, snap.at.0 as f64 / 1000.0);
             out.flag(&RELATCH_PENDING, &cdu, st.relatch_pending);
+            out.flag(&HEARTBEAT_HELD, &cdu, st.heartbeat_held.is_some());
             self.racks(&mut out, snap, st.last.as_ref(), st.relatch_pending, &cdu);
             write_bus(&mut out, &snap.bus, snap.bus_connected, &cdu);
             loopwarden_bus::prometheus::write_resend(&mut out, snap.resend, &cdu);
@@ -562,6 +563,25 @@ mod tests {
             value(&known, &format!("{}{rack}", RACK_ISOLATION_FAILED.name)),
             0.0
         );
+    }
+
+    #[test]
+    fn a_heartbeat_held_back_is_a_series_of_1_and_0_once_written_again() {
+        use cooling_core::{Core, CoreConfig};
+        let cfg = CoreConfig::default();
+        let core = Core::new(cfg).unwrap();
+        let text = |heartbeat_held: Option<String>| {
+            let ctx = context(ShellStats {
+                status: Some(Snapshot::of_core(&core)),
+                heartbeat_held,
+                ..Default::default()
+            });
+            CduMetrics::new(ctx, &cfg.layout).render()
+        };
+        let series = r#"loopwarden_cdu_heartbeat_held{cdu="cdu-1"}"#;
+        let held = text(Some("valves_open: holding 3 reads back value 0".into()));
+        assert_eq!(value(&held, series), 1.0);
+        assert_eq!(value(&text(None), series), 0.0);
     }
 
     #[test]

@@ -221,6 +221,7 @@ fn add_safety_and_age(v: &mut Value, ctx: &Context, st: &ShellStats, now: Timest
     v["setpoint_asked_c"] = json!(c.map(|c| round(f64::from(c.setpoint_c), 2)));
     v["pump_speed_asked_pct"] = json!(c.map(|c| round(f64::from(c.pump_speed) * 100.0, 1)));
     v["relatch_pending"] = json!(st.relatch_pending);
+    v["heartbeat_held"] = json!(st.heartbeat_held);
     // Read wet by an input that has not answered since: not known dry.
     v["leaks_unheard"] = json!(snap.map(|s| racks(s.leaks_unheard)));
     // Racks no rope watches: declared so, or every rack without board pins.

@@ -51,6 +51,16 @@ fn status(v: &Value) -> String {
     for off in v["protection_off"].as_array().into_iter().flatten() {
         rows.push(("PROTECTION OFF", s(&off["said"])));
     }
+    if let Some(why) = v["heartbeat_held"].as_str() {
+        rows.push((
+            "HEARTBEAT HELD",
+            format!(
+                "not written: the CDU does not hold a safety setting it echoed ({why}); \
+                 it runs on its own control after its heartbeat timeout until a read-back \
+                 reads it held"
+            ),
+        ));
+    }
     if v["demo_key"].as_bool() == Some(true) {
         rows.push((
             "WARNING",
@@ -719,6 +729,20 @@ mod tests {
         });
         assert!(row(&v, "leaks latched").ends_with("racks 2"));
         assert!(row(&v, "valves open").ends_with("racks 0,1,3"));
+    }
+
+    #[test]
+    fn a_heartbeat_held_back_is_a_row_saying_why_and_none_otherwise() {
+        let v = json!({"heartbeat_held": "valves_open: holding 3 reads back value 0"});
+        let held = row(&v, "HEARTBEAT HELD");
+        assert!(
+            held.contains("not written")
+                && held.contains("(valves_open: holding 3 reads back value 0)")
+                && held.contains("its own control"),
+            "{held}"
+        );
+        let text = render(&Request::Status, &json!({"heartbeat_held": null}));
+        assert!(!text.contains("HEARTBEAT"), "{text}");
     }
 
     /// The status's row named `name` in `v` rendered.

@@ -110,6 +110,10 @@ pub const RELATCH_PENDING: Metric = Metric::gauge(
     "loopwarden_cdu_relatch_pending",
     "1 while the latched leaks are unknown: the latched record was unreadable at start and the racks are not yet relatched from the CDU's valve positions (no valve is written meanwhile), else 0.",
 );
+pub const HEARTBEAT_HELD: Metric = Metric::gauge(
+    "loopwarden_cdu_heartbeat_held",
+    "1 while the controller holds the CDU's heartbeat back (does not write it) because a read-back found a safety setting (valves, pumps to run, lead pump) the CDU echoed but does not hold, until one reads it held: the CDU falls back to its own control after its heartbeat timeout meanwhile, and the mode reads degraded (cdu-writes-refused); else 0. Alert on it.",
+);
 pub const RACK_LEAK_SENSING: Metric = Metric::gauge(
     "loopwarden_cdu_rack_leak_sensing",
     "The rack's leak sensing as a state set: supervised, lost (a rope fault or an unreadable input) or unprotected (declared without a rope).",
@@ -305,6 +309,7 @@ pub const ALL: &[Metric] = &[
     RACK_LEAK_LATCHED,
     RACK_ISOLATION_FAILED,
     RELATCH_PENDING,
+    HEARTBEAT_HELD,
     RACK_LEAK_SENSING,
     BEACON,
     REJECTION_SHORT,

@@ -185,14 +185,20 @@ impl<P: CduPort> Devices<P> {
     /// run of registers ([`CduPort::read_back`]): a setting the CDU does
     /// not hold counts as not taken, and a safety setting so holds the
     /// heartbeat back (not written) from the next step until a read-back
-    /// reads it held. The first failure is
-    /// counted, and logged whole once per change of its text.
+    /// reads it held: the heartbeat held back is recorded as not written
+    /// (so the core reads the CDU as not taking its writes: degraded) and
+    /// said in `stats` ([`ShellStats::heartbeat_held`]). The first failure
+    /// is counted, and logged whole once per change of its text.
     pub(super) async fn write(&mut self, plan: &Plan, stats: &mut ShellStats) -> Outcome {
         let mut outcome = Outcome::default();
         let mut first: Option<String> = None;
         let mut held = None;
         for w in &plan.writes {
-            if !outcome.due(w) || self.heartbeat_held(w) {
+            if !outcome.due(w) {
+                continue;
+            }
+            if self.heartbeat_held(w) {
+                outcome.record(w.setting, Err(self.held_back()));
                 continue;
             }
             let r = self.write_one(w, &mut held).await;
@@ -205,7 +211,18 @@ impl<P: CduPort> Devices<P> {
             self.read_back(plan, &mut outcome, &mut first, stats).await;
         }
         self.judge_writes(first, stats);
+        stats.heartbeat_held = self.safety_not_held.0.clone();
         outcome
+    }
+
+    /// Why the heartbeat is not written this step (while
+    /// [`Devices::heartbeat_held`]).
+    fn held_back(&self) -> String {
+        let why = self.safety_not_held.0.as_deref().unwrap_or_default();
+        format!(
+            "not written: the CDU does not hold a safety setting it echoed ({why}), so it \
+             falls back to its own control"
+        )
     }
 
     /// The step's read-back of the writes that went in
@@ -677,7 +694,8 @@ mod tests {
     fn a_safety_setting_not_held_holds_the_next_heartbeat_back() {
         let mut d = Devices::new(ValvesNotHeld, None);
         let mut stats = ShellStats::default();
-        let beat = |o: &Outcome| o.tried.iter().any(|(s, _)| *s == Setting::Heartbeat);
+        let beat =
+            |o: &Outcome| (o.tried.iter()).any(|(s, r)| *s == Setting::Heartbeat && r.is_ok());
         let first = run(d.write(&every_setting(), &mut stats));
         assert!(
             beat(&first),
@@ -743,7 +761,8 @@ mod tests {
             None,
         );
         let mut stats = ShellStats::default();
-        let beat = |o: &Outcome| o.tried.iter().any(|(s, _)| *s == Setting::Heartbeat);
+        let beat =
+            |o: &Outcome| (o.tried.iter()).any(|(s, r)| *s == Setting::Heartbeat && r.is_ok());
         let beats: Vec<bool> = (0..answers.len())
             .map(|_| beat(&run(d.write(&every_setting(), &mut stats))))
             .collect();
@@ -751,6 +770,41 @@ mod tests {
         // and a not held (3) keep it back; read held at step 5, it beats
         // at step 6.
         assert_eq!(beats, [true, false, false, false, false, true]);
+    }
+
+    /// While the heartbeat is held back it is said (the stats, for the
+    /// console and `/metrics`) and is a write not taken, so the core's
+    /// mode reads degraded (the CDU not taking its writes) until the
+    /// heartbeat goes out again.
+    #[test]
+    fn a_heartbeat_held_back_is_said_and_keeps_the_writes_not_all_taken() {
+        let answers = [Some(true), Some(true), Some(false), Some(false)];
+        let mut d = Devices::new(
+            ReadBackInTurn {
+                answers: answers.into_iter().collect(),
+            },
+            None,
+        );
+        let mut stats = ShellStats::default();
+        let mut all = Vec::new();
+        let mut held = Vec::new();
+        for step in 1..=answers.len() {
+            let o = run(d.write(&every_setting(), &mut stats));
+            let not_written = failed_with(&o, "not written");
+            assert_eq!(not_written.is_empty(), step != 2 && step != 3, "{step}");
+            all.push(o.taken().all);
+            held.push(stats.heartbeat_held.clone());
+        }
+        // Step 1 finds the valves not held after its beat; steps 2 and 3
+        // hold the beat back (3 reads them held); step 4 beats.
+        assert_eq!(all, [false, false, false, true]);
+        let said = held[0].as_deref().unwrap_or_default();
+        assert!(
+            said.starts_with("valves_open: ") && said.contains("reads back value 0"),
+            "{said}"
+        );
+        assert_eq!(held[1], held[0]);
+        assert_eq!(held[2..], [None, None]);
     }
 
     #[test]
