@@ -53,9 +53,10 @@ enum Command {
     Replay {
         /// The trace (JSON Lines).
         trace: PathBuf,
-        /// Read the slow counters (retired pages, row remaps, PCIe
-        /// replays) only every this many seconds, as the live agent does
-        /// (`slow_counters_s`); 0: at every sample, as the trace gives them.
+        /// Read the slow counters (retired pages, row remaps, the recovery
+        /// action) only every this many seconds, as the live agent does
+        /// (`slow_counters_s`; PCIe replays are read every sample, as it
+        /// does); 0: at every sample, as the trace gives them.
         #[arg(long, default_value_t = 0)]
         slow_counters_s: u64,
     },

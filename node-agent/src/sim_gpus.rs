@@ -282,6 +282,7 @@ impl TwinHost {
             recovery_action: Some(g.recovery_action),
             // Every counter is read at every sample.
             slow_held: false,
+            pcie_held: false,
         })
     }
 

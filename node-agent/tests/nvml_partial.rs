@@ -306,25 +306,39 @@ fn a_slow_counter_that_failed_stays_unknown_until_its_next_read_and_a_fast_one_f
     let fake = Fake::default();
     let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(3);
     fake.fail_field(
-        field::PCIE_REPLAY_COUNTER,
+        field::REMAPPED_COR,
         Some(NvmlFailure::Other(NO_DATA.into())),
     );
     let s = gpu.sample().expect("a sample");
-    assert_eq!((s.unsupported, s.pcie_replay), (Unsupported::PCIE, 0));
     assert_eq!(
-        s.repair.remap_correctable, 6,
-        "the rest of the query is read"
+        (s.unsupported, s.repair.remap_correctable),
+        (Unsupported::REMAP, 0)
     );
-    fake.fail_field(field::PCIE_REPLAY_COUNTER, None);
+    assert_eq!(s.pcie_replay, 17, "the rest of the query is read");
+    fake.fail_field(field::REMAPPED_COR, None);
     for _ in 0..2 {
         let s = gpu.sample().expect("held");
         assert_eq!(
             s.unsupported,
-            Unsupported::PCIE,
+            Unsupported::REMAP,
             "unknown, not held as read"
         );
     }
     let s = gpu.sample().expect("the next read");
+    assert_eq!(
+        (s.unsupported, s.repair.remap_correctable),
+        (Unsupported::empty(), 6)
+    );
+    // The PCIe replay counter, read every sample: unknown in its own
+    // sample only.
+    let no_data = Some(NvmlFailure::Other(NO_DATA.into()));
+    fake.fail_field(field::PCIE_REPLAY_COUNTER, no_data);
+    assert_eq!(
+        gpu.sample().expect("a sample").unsupported,
+        Unsupported::PCIE
+    );
+    fake.fail_field(field::PCIE_REPLAY_COUNTER, None);
+    let s = gpu.sample().expect("a sample");
     assert_eq!((s.unsupported, s.pcie_replay), (Unsupported::empty(), 17));
     // A fast read: unknown in its own sample only.
     fake.fail("clocks", Some(NvmlFailure::Other(NO_DATA.into())));
@@ -346,9 +360,10 @@ fn a_field_value_query_that_fails_on_its_data_costs_only_its_fields() {
     gpu.sample().expect("the first sample");
     fake.fail("fields", Some(NvmlFailure::Other(NO_DATA.into())));
     let s = gpu.sample().expect("a sample");
-    assert_eq!(s.unsupported, Unsupported::MEM_TEMP | Unsupported::NVLINK);
+    let fast = Unsupported::MEM_TEMP | Unsupported::NVLINK | Unsupported::PCIE;
+    assert_eq!(s.unsupported, fast);
     assert_eq!((s.temp, s.power), (WholeCelsius(61), Watts(313)));
-    assert_eq!(s.pcie_replay, 17, "held from its read");
+    assert_eq!(s.repair.remap_correctable, 6, "held from its read");
     // With the slow counters, every group it asked for.
     let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0);
     let s = gpu.sample().expect("a sample");

@@ -122,12 +122,13 @@ pub struct Observation {
     /// and judge no GPU on clocks or clock-event reasons it does not
     /// know.
     pub unknown: Unsupported,
-    /// The slow counters (retired pages, the row-remap flags, PCIe
-    /// replays, the recovery action) are as last read at an earlier
-    /// sample, not read in this one (`false`, the default: read now, as
-    /// in a trace, where every counter is fresh). The PCIe replay rate is
-    /// counted between the samples that read the counter (`rules`).
-    pub slow_held: bool,
+    /// The PCIe replay counter is as last read at an earlier sample, not
+    /// read in this one: only where the agent reads it with the slow
+    /// counters (a GPU with no other per-sample field value to carry it;
+    /// `false`, the default: read now, as every sample of a GPU with one,
+    /// and of a trace). The PCIe replay rate is counted between the
+    /// samples that read the counter (`rules`).
+    pub pcie_held: bool,
 }
 
 /// Links whose error counters are read one by one.

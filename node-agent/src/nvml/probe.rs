@@ -6,7 +6,11 @@
 //! Read only: it never sets a limit and registers for no event. Each call
 //! is made `tries` times in a row on one GPU; each field value of the
 //! batched query is also asked alone, so a field the GPU does not
-//! support is named.
+//! support is named. A last row is the field-value query the agent makes
+//! every sample on that GPU, and says how the PCIe replay counter is read
+//! there: in that query, or with the slow counters where the GPU answers
+//! none of its other fields (no query is made every sample then, and
+//! none is added for the counter alone: `nvml::sample`).
 //!
 //! Glossary:
 //! - *probe*: one call made `tries` times, with its answer and its
@@ -16,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::sample::FAST_FIELDS;
 use super::{field, NvmlApi, NvmlFailure, NvmlResult};
 use node_core::health::NVLINK_LINKS;
 
@@ -148,30 +153,87 @@ fn one_field<A: NvmlApi>(a: &A, gpu: u32, id: u32) -> NvmlResult<()> {
 /// once).
 pub fn probe<A: NvmlApi>(api: &A, gpu: u32, tries: usize) -> Vec<Probe> {
     let tries = tries.max(1);
-    calls::<A>()
+    let mut probes: Vec<Probe> = calls::<A>()
         .into_iter()
-        .map(|(call, make)| {
-            let mut times = Vec::with_capacity(tries);
-            let mut answer = None;
-            for _ in 0..tries {
-                let began = Instant::now();
-                let r = make(api, gpu);
-                times.push(began.elapsed());
-                if let (None, Err(e)) = (&answer, r) {
-                    answer = Some(words(&e));
-                }
-            }
-            let (median_us, max_us) = spread(&mut times);
-            Probe {
-                gpu,
-                call,
-                answer: answer.unwrap_or_else(|| "supported".into()),
-                tries,
-                median_us,
-                max_us,
-            }
+        .map(|(call, make)| made(api, gpu, tries, call, make))
+        .collect();
+    probes.push(per_sample(api, gpu, tries, &probes));
+    probes
+}
+
+/// `make` made `tries` times on GPU `gpu`, as `call`.
+fn made<A: NvmlApi>(
+    api: &A,
+    gpu: u32,
+    tries: usize,
+    call: String,
+    make: impl Fn(&A, u32) -> NvmlResult<()>,
+) -> Probe {
+    let mut times = Vec::with_capacity(tries);
+    let mut answer = None;
+    for _ in 0..tries {
+        let began = Instant::now();
+        let r = make(api, gpu);
+        times.push(began.elapsed());
+        if let (None, Err(e)) = (&answer, r) {
+            answer = Some(words(&e));
+        }
+    }
+    let (median_us, max_us) = spread(&mut times);
+    Probe {
+        gpu,
+        call,
+        answer: answer.unwrap_or_else(|| "supported".into()),
+        tries,
+        median_us,
+        max_us,
+    }
+}
+
+/// The field-value query the agent makes every sample on GPU `gpu`, as
+/// the fields' own answers in `probes` make it: the per-sample fields the
+/// GPU does not refuse, with the PCIe replay counter where it does not
+/// refuse that either, and the row's name says how the counter is read.
+/// A GPU that refuses every other per-sample field makes no such query
+/// (no tries): the agent reads the counter with the slow counters.
+fn per_sample<A: NvmlApi>(api: &A, gpu: u32, tries: usize, probes: &[Probe]) -> Probe {
+    let asked = |id: u32| {
+        let call = format!("nvmlDeviceGetFieldValues {}", field::name(id));
+        probes.iter().any(|p| {
+            p.call == call && !matches!(p.answer.as_str(), "not supported" | "invalid argument")
         })
-        .collect()
+    };
+    let mut ids: Vec<u32> = FAST_FIELDS.into_iter().filter(|&id| asked(id)).collect();
+    let pcie = match (asked(field::PCIE_REPLAY_COUNTER), ids.is_empty()) {
+        (false, _) => "PCIe replays not supported",
+        (true, true) => "PCIe replays read with the slow counters",
+        (true, false) => "PCIe replays read every sample",
+    };
+    if !ids.is_empty() && asked(field::PCIE_REPLAY_COUNTER) {
+        ids.push(field::PCIE_REPLAY_COUNTER);
+    }
+    let list: Vec<String> = ids.iter().map(u32::to_string).collect();
+    let call = format!(
+        "nvmlDeviceGetFieldValues every sample ({}): {pcie}",
+        if list.is_empty() {
+            "none".into()
+        } else {
+            list.join(", ")
+        }
+    );
+    if ids.is_empty() {
+        return Probe {
+            gpu,
+            call,
+            answer: "not made".into(),
+            tries: 0,
+            median_us: 0,
+            max_us: 0,
+        };
+    }
+    made(api, gpu, tries, call, move |a: &A, i| {
+        a.fields(i, &ids).map(|_| ())
+    })
 }
 
 /// An NVML failure as the table says it.

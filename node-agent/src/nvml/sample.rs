@@ -3,13 +3,18 @@
 //!
 //! Every period: temperature, power, the enforced limit, clocks,
 //! utilisation, clock-event reasons, the volatile ECC counts, and one
-//! field-value query for the HBM temperature and the NVLink totals.
+//! field-value query for the HBM temperature, the NVLink totals and the
+//! PCIe replay counter (so its rate is counted over fresh values at every
+//! sample). A GPU that answers none of the other per-sample fields makes
+//! no query between reads of the slow counters, and one for the counter
+//! alone would cost a call per sample: it reads the counter with the slow
+//! counters instead (the sample says so: `pcie_held`).
 //! Every [`NvmlGpu::slow_every`] samples (and at the first, after a
 //! reprobe, and at once when the volatile ECC counts moved or the GPU
 //! reported an XID since the last read: a page is retired, a row remapped,
 //! only after an ECC error, and the driver says so with an XID): energy,
 //! the ECC mode, the aggregate ECC counts, retired pages, remapped rows,
-//! the PCIe replay counter, the recovery action the driver names for the
+//! the recovery action the driver names for the
 //! GPU and the per-link NVLink counters, in the same field-value query
 //! (an XID 154, "recovery action changed", so reads the action at the
 //! next sample). The per-link counters are also read at once whenever
@@ -106,6 +111,9 @@ pub(super) struct Held {
     unknown: Unsupported,
     /// The recovery action as last read: a read that fails keeps it.
     recovery_action: Option<u8>,
+    /// This sample's field-value query carries the PCIe replay counter
+    /// whether or not the slow counters are read ([`NvmlGpu::pcie_rides`]).
+    pcie_rides: bool,
 }
 
 /// NVML's answers, in `nvml-wrapper`'s words (as `NvmlFailure::Other`
@@ -147,8 +155,9 @@ const SLOW_FLAGS: [GpuFlags; 3] = [
     GpuFlags::REMAP_FAILURE,
 ];
 
-/// Field ids read every period.
-const FAST_FIELDS: [u32; 4] = [
+/// Field ids read every period (and the PCIe replay counter with them,
+/// [`NvmlGpu::pcie_rides`]).
+pub(super) const FAST_FIELDS: [u32; 4] = [
     field::MEMORY_TEMP,
     field::NVLINK_CRC_DATA_TOTAL,
     field::NVLINK_REPLAY_TOTAL,
@@ -195,6 +204,8 @@ impl<A: NvmlApi> NvmlGpu<A> {
             }
             self.held.ecc_at = self.volatile_read(&s).or(self.held.ecc_at);
         }
+        self.held.pcie_rides = self.pcie_rides();
+        s.pcie_held = !slow && !self.held.pcie_rides;
         self.fields(&mut s, slow)?;
         let totals = !s.unsupported.contains(Unsupported::NVLINK);
         let links = totals && self.links_moved(&s);
@@ -401,10 +412,23 @@ impl<A: NvmlApi> NvmlGpu<A> {
             .map_or(0, |v| v.min(u32::MAX as u64) as u32))
     }
 
-    /// The field-value query: the fast fields, and the slow ones with the
-    /// per-link counters when `slow`.
+    /// Whether the field-value query made every sample can carry the
+    /// PCIe replay counter: the query and one of its fields are asked (a
+    /// GPU with none asks the counter with the slow counters, never in a
+    /// query of its own every sample).
+    fn pcie_rides(&self) -> bool {
+        let asks = |id: u32| self.support.asks(Item::Field(id));
+        self.support.asks(Item::FieldsCall) && FAST_FIELDS.into_iter().any(asks)
+    }
+
+    /// The field-value query: the fast fields (with the PCIe replay counter
+    /// unless `s` holds it), and the slow ones with the per-link counters
+    /// when `slow`.
     fn fields(&mut self, s: &mut GpuSample, slow: bool) -> Result<(), GpuError> {
         let mut ids: Vec<u32> = FAST_FIELDS.to_vec();
+        if !s.pcie_held {
+            ids.push(field::PCIE_REPLAY_COUNTER);
+        }
         if slow {
             ids.extend(field::GROUPS.iter().map(|(id, _)| *id));
             ids.push(field::RECOVERY_ACTION);
@@ -437,9 +461,11 @@ impl<A: NvmlApi> NvmlGpu<A> {
     /// `links`), and gives `s` the held values of what it did not.
     fn hold(&mut self, s: &mut GpuSample, slow: bool, links: bool) {
         let h = &mut self.held;
+        if !s.pcie_held {
+            h.pcie_replay = s.pcie_replay;
+        }
         if slow {
             h.repair = s.repair;
-            h.pcie_replay = s.pcie_replay;
             for f in SLOW_FLAGS {
                 h.flags = h.flags.with(f, s.flags.contains(f));
             }
@@ -551,7 +577,8 @@ impl<A: NvmlApi> NvmlGpu<A> {
     /// Field `id` could not be read in this sample: a per-link counter
     /// leaves its link out (asked again at the next sample), a slow
     /// field's group is unknown until the next read of the slow counters,
-    /// a fast field's in this sample.
+    /// a fast field's (the PCIe replay counter's where it rides with
+    /// them) in this sample.
     fn field_unknown(&mut self, s: &mut GpuSample, id: u32) {
         if field::link_of(id).is_some() {
             s.nvlink_links.read &= !link_bit(id);
@@ -559,7 +586,8 @@ impl<A: NvmlApi> NvmlGpu<A> {
             return;
         }
         let g = field::group_of(id);
-        if SLOW_FIELD_GROUPS.contains(&g) {
+        let fast = g == Unsupported::PCIE && self.held.pcie_rides;
+        if SLOW_FIELD_GROUPS.contains(&g) && !fast {
             self.held.unknown = self.held.unknown | g;
         } else {
             s.unsupported = s.unsupported | g;

@@ -203,7 +203,7 @@ pub fn observation(s: &GpuSample) -> Observation {
         recovery_action: s.recovery_action.unwrap_or(0),
         nvlink_links: s.nvlink_links,
         unknown: s.unsupported,
-        slow_held: s.slow_held,
+        pcie_held: s.pcie_held,
     }
 }
 

@@ -12,15 +12,16 @@
 //!   trailing span ([`Window`]). A counter read every sample (corrected
 //!   ECC, NVLink CRC) has a point at every sample and counts from the
 //!   newest point at least the span old, scaled to the span when that is
-//!   older ([`Increase`]). The PCIe replay counter, read with the slow
-//!   counters, has a point only at the samples that read it
-//!   ([`Observation::slow_held`]) and counts over exactly the span before
+//!   older ([`Increase`]). The PCIe replay counter has a point only at
+//!   the samples that read it (every sample, or only the reads of the
+//!   slow counters where the agent cannot read it every sample:
+//!   [`Observation::pcie_held`]) and counts over exactly the span before
 //!   its newest read, its value at the span's start interpolated between
 //!   the two reads around it ([`Window::interpolated`]): read every 22 s,
 //!   a minute's count runs from 8/22 of the way between two reads 22 s
 //!   apart, never 9 whole replays in 66 s scaled to 8.2 a minute. Read at
-//!   an interval that divides the span, a read falls on its start and the
-//!   count is whole.
+//!   an interval that divides the span (every sample at 1 s periods), a
+//!   read falls on its start and the count is whole.
 //! - *whole count*: an interpolated increase with its fraction dropped
 //!   ([`Increase::floor`]); the PCIe sustain is judged on it.
 //! - *streak*: how long a condition has held ([`Streak`]).
@@ -377,7 +378,8 @@ impl HealthEngine {
     /// a lull between bursts does not end it while the bursts keep the
     /// average above the limit; for ECC and CRC errors, whose sustain is
     /// the minute the rate is read over, that is the minute's rate. The
-    /// PCIe replay counter is read with the slow counters: its window
+    /// PCIe replay counter is read every sample, or with the slow
+    /// counters where the agent cannot: its window
     /// takes a point only from a sample that read it (or one that does not
     /// know it, whose held value is pushed as before: its rate falls away,
     /// never held above the limit on values not known), so its rates are
@@ -399,7 +401,7 @@ impl HealthEngine {
         let when = At(self.stamp(t));
         let tr = &mut self.gpus[g];
         // One window for both spans of PCIe replays, of the values read.
-        if !o.slow_held || o.unknown.contains(Unsupported::PCIE) {
+        if !o.pcie_held || o.unknown.contains(Unsupported::PCIE) {
             tr.pcie
                 .push(t, o.pcie_replay, p.pcie_sustain_ms.max(60_000));
         }

@@ -1,21 +1,24 @@
 //! The slow counters as the agent reads them: every few seconds, not
 //! every sample (its NVML schedule). [`SlowCounters`] turns a trace's
 //! observations, where every counter is fresh at every sample, into what
-//! the engine sees live: retired pages, the row-remap flags, the PCIe
-//! replay counter and the recovery action as last read (the sample marked
-//! [`Observation::slow_held`]), read again once
-//! `every_ms` has passed
+//! the engine sees live: retired pages, the row-remap flags and the
+//! recovery action as last read, read again once `every_ms` has passed
 //! since the last read, and at once at the first sample after the GPU's
 //! volatile ECC counts moved or it reported an XID (a page is retired, a
 //! row remapped, only after an ECC error, and the driver says so with an
 //! XID: 48, 63, 64, 94, 95). So `node-agent replay --slow-counters-s` and
 //! the tests score the rules under the schedule the agent runs.
 //!
-//! The volatile ECC counts, the NVLink totals, temperatures, power,
-//! clocks and clock-event reasons are read at every sample and pass
-//! through. (The per-link NVLink counters are slow too, but read at once
-//! whenever the totals move, so they are as fresh as the totals when it
-//! matters; traces carry only the totals.)
+//! The PCIe replay counter rides in the field-value query the agent makes
+//! every sample, so it passes through fresh too; only a GPU with no other
+//! per-sample field value reads it with the slow counters
+//! ([`SlowCounters::pcie_with_slow`] plays that: held between reads, the
+//! sample marked [`Observation::pcie_held`]). The volatile ECC counts,
+//! the NVLink totals, temperatures, power, clocks and clock-event reasons
+//! are read at every sample and pass through. (The per-link NVLink
+//! counters are slow too, but read at once whenever the totals move, so
+//! they are as fresh as the totals when it matters; traces carry only
+//! the totals.)
 //!
 //! Glossary:
 //! - *slow counters*: the fields above that are read every `every_ms`.
@@ -31,6 +34,9 @@ pub struct SlowCounters {
     held: Vec<Option<(u64, Observation)>>,
     /// Per GPU: an XID came since the last read.
     nudged: Vec<bool>,
+    /// The PCIe replay counter is read with the slow counters, not every
+    /// sample.
+    pcie_slow: bool,
 }
 
 impl SlowCounters {
@@ -41,7 +47,16 @@ impl SlowCounters {
             every_ms,
             held: vec![None; gpus],
             nudged: vec![false; gpus],
+            pcie_slow: false,
         }
+    }
+
+    /// The PCIe replay counter read with the slow counters too, held
+    /// between their reads, as on a GPU with no other per-sample field
+    /// value to carry it.
+    pub fn pcie_with_slow(mut self) -> Self {
+        self.pcie_slow = true;
+        self
     }
 
     /// GPU `gpu` reported an XID: its slow counters are read at its next
@@ -73,9 +88,11 @@ impl SlowCounters {
                 seen.retired_pending = held.retired_pending;
                 seen.remap_pending = held.remap_pending;
                 seen.remap_failure = held.remap_failure;
-                seen.pcie_replay = held.pcie_replay;
                 seen.recovery_action = held.recovery_action;
-                seen.slow_held = true;
+                if self.pcie_slow {
+                    seen.pcie_replay = held.pcie_replay;
+                    seen.pcie_held = true;
+                }
                 seen
             }
             _ => {
@@ -102,9 +119,9 @@ mod tests {
         };
         assert_eq!(s.read(0, 0, &o(0)), o(0), "the first is read");
         let seen = s.read(10_000, 0, &o(10_000));
-        assert_eq!(seen.pcie_replay, 0, "held");
+        assert_eq!(seen.pcie_replay, 10, "fresh: read every sample");
+        assert!(!seen.pcie_held);
         assert!(!seen.remap_pending, "held");
-        assert!(seen.slow_held, "said held");
         assert_eq!(seen.nvlink_replay, 10, "fast");
         assert_eq!(seen.temp, 70.0, "fast");
         assert_eq!(s.read(30_000, 0, &o(30_000)), o(30_000), "read again");
@@ -121,20 +138,37 @@ mod tests {
             sbe_volatile: 1,
             ..o(t)
         };
+        let remapped = |t: u64| Observation {
+            retired_sbe: 1,
+            ..later(t)
+        };
         assert_eq!(
-            s.read(32_000, 0, &later(32_000)).pcie_replay,
-            31,
+            s.read(32_000, 0, &remapped(32_000)).retired_sbe,
+            0,
             "held again"
         );
         s.xid(0);
         assert_eq!(
-            s.read(33_000, 0, &later(33_000)).pcie_replay,
-            33,
+            s.read(33_000, 0, &remapped(33_000)).retired_sbe,
+            1,
             "an XID: read at once"
         );
         assert_eq!(s.read(31_000, 1, &o(31_000)), o(31_000), "each GPU its own");
         let mut every = SlowCounters::new(1, 0);
         assert_eq!(every.read(1, 0, &o(1)), o(1));
         assert_eq!(every.read(2, 0, &o(2)), o(2));
+    }
+
+    #[test]
+    fn the_pcie_replay_counter_is_held_with_them_only_where_read_with_them() {
+        let mut s = SlowCounters::new(1, 30_000).pcie_with_slow();
+        let o = |t: u64| Observation {
+            pcie_replay: t / 1000,
+            ..Observation::default()
+        };
+        assert_eq!(s.read(0, 0, &o(0)), o(0), "the first is read");
+        let seen = s.read(10_000, 0, &o(10_000));
+        assert_eq!((seen.pcie_replay, seen.pcie_held), (0, true), "held");
+        assert_eq!(s.read(30_000, 0, &o(30_000)), o(30_000), "read again");
     }
 }

@@ -166,7 +166,7 @@ impl Sample {
             nvlink_links: Default::default(),
             unknown: Default::default(),
             // A trace reads every counter at every sample.
-            slow_held: false,
+            pcie_held: false,
         }
     }
 }
