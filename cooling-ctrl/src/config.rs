@@ -342,7 +342,7 @@ pub fn resolve_for(
     let facility = facility_role(&src, &file, &cdu, &core)?;
     let metrics_listen = metrics_listen(&src, &file, flags)?;
     let run_map = map.as_ref().filter(|_| purpose == Purpose::Run);
-    let (board, rope_opt_out) = board_pins(&src, &file, flags, &core, run_map)?;
+    let (board, rope_opt_out) = board_pins(&src, &file, flags, (&core, purpose), run_map)?;
 
     Ok(Config {
         site: common.site,

@@ -12,6 +12,9 @@
 //! only) says the site's wiring is so on purpose: then an opt-out, said
 //! at every start.
 //!
+//! The gateway (`cooling-ctrl gateway`) takes neither: its
+//! microcontroller's firmware reads no rope pins, and the gateway opens
+//! no GPIO chip.
 //!
 //! Without board pins the CDU's `leak_inputs` register is the only leak
 //! sensing: a register map without it is refused unless every rack is in
@@ -33,7 +36,7 @@ use loopwarden_field::config::{ConfigError, Sources};
 use loopwarden_field::pick;
 
 use super::file::board_error;
-use super::{FileConfig, Overrides};
+use super::{FileConfig, Overrides, Purpose};
 use cooling_core::CoreConfig;
 
 /// The controller board's pins: a pin map on a GPIO chip.
@@ -56,21 +59,60 @@ pub const ROPE_FAULT_ACTIVE_HIGH: &str = "rope_fault_active_high";
 /// with the opt-out said at start when `rope_fault_active_high` takes an
 /// active-high `rope_fault` ([`rope_polarity`]); without them, leak
 /// sensing from `map`, the CDU's map the controller reads (`None` for the
-/// gateway, whose microcontroller reads its own board), on every rack not
-/// unprotected ([`leak_sensed`]).
+/// gateway, whose microcontroller reads the CDU), on every rack not
+/// unprotected ([`leak_sensed`]). The gateway takes neither key
+/// ([`not_for_the_gateway`]).
 pub(super) fn board_pins(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,
-    core: &CoreConfig,
+    (core, purpose): (&CoreConfig, Purpose),
     map: Option<&RegisterMap>,
 ) -> Result<(Option<BoardConfig>, Option<String>), ConfigError> {
+    if purpose == Purpose::Gateway {
+        not_for_the_gateway(src, file, flags)?;
+    }
     let board = board_config(src, file, flags, core)?;
     if board.is_none() {
         leak_sensed(src, core, map)?;
     }
     let opt_out = rope_polarity(src, file, flags, board.as_ref())?;
     Ok((board, opt_out))
+}
+
+/// `board_pins` and `gpio_chip` refused for the gateway, naming the key:
+/// its microcontroller's firmware reads no rope pins (leaks come from the
+/// CDU's `leak_inputs` only) and the gateway opens no GPIO chip, so a pin
+/// map given to it would be ropes nobody reads (and its checks, the racks
+/// it demands ropes for, the opt-out it takes, about lines nobody reads).
+fn not_for_the_gateway(
+    src: &Sources,
+    file: &FileConfig,
+    flags: &Overrides,
+) -> Result<(), ConfigError> {
+    let given = [
+        (
+            "board_pins",
+            pick!(flags.board_pins, file.board_pins, "board-pins"),
+        ),
+        (
+            "gpio_chip",
+            pick!(flags.gpio_chip, file.gpio_chip, "gpio-chip"),
+        ),
+    ];
+    let Some((key, (_, flag))) = given.into_iter().find(|(_, (v, _))| v.is_some()) else {
+        return Ok(());
+    };
+    Err(src.error(
+        flag,
+        key,
+        format!(
+            "{key} is for `cooling-ctrl run`: the gateway's microcontroller reads no rope \
+             pins (its firmware sees leaks in the CDU's leak_inputs register only) and the \
+             gateway opens no GPIO chip, so no rope on these pins would be read; remove \
+             board_pins and gpio_chip from the gateway's configuration"
+        ),
+    ))
 }
 
 /// With no board pins, the CDU's `leak_inputs` is the only leak sensing:
@@ -348,5 +390,36 @@ mod tests {
                 .contains("gives rack 15 a leak rope, but unprotected_racks names it"),
             "{e}"
         );
+    }
+
+    /// The gateway's microcontroller reads no rope pins (its firmware
+    /// sees leaks in the CDU's `leak_inputs` only) and the gateway opens
+    /// no GPIO chip: `board_pins` or `gpio_chip` given to it are refused,
+    /// naming the key, not taken as ropes something reads.
+    #[test]
+    fn the_gateway_refuses_board_pins_for_its_microcontroller_reads_no_rope_pins() {
+        assert!(sixteen_racks(None, Purpose::Run).is_ok());
+        let e = sixteen_racks(None, Purpose::Gateway).unwrap_err();
+        assert_eq!(e.line, Some(7), "at board_pins: {e}");
+        for said in ["board_pins", "reads no rope pins", "leak_inputs"] {
+            assert!(e.message.contains(said), "{said}: {e}");
+        }
+        let gateway = |text: &str, flags: &Overrides| {
+            resolve_for(Some(Path::new("cdu.toml")), text, flags, Purpose::Gateway)
+        };
+        let none = Overrides::default();
+        let min = "cdu = \"cdu-1\"\ndemo_key = true\nembedded_broker = true\n";
+        assert!(gateway(min, &none).expect("no board").board.is_none());
+        let e = gateway(&format!("{min}gpio_chip = \"/dev/gpiochip0\"\n"), &none).unwrap_err();
+        assert_eq!(e.line, Some(4), "at gpio_chip: {e}");
+        assert!(e.message.starts_with("gpio_chip"), "{e}");
+        assert!(e.message.contains("reads no rope pins"), "{e}");
+        let flag = Overrides {
+            board_pins: Some("/etc/loopwarden/pins.toml".into()),
+            ..Default::default()
+        };
+        let e = gateway(min, &flag).unwrap_err();
+        assert_eq!(e.origin, "flag --board-pins", "{e}");
+        assert!(e.message.contains("reads no rope pins"), "{e}");
     }
 }
