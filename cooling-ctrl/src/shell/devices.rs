@@ -52,6 +52,13 @@ struct BoardErrors {
     beacon: Failing,
 }
 
+/// Whether a read-back failed as the CDU refusing to serve it at all
+/// (exception 1, illegal function, or 2, illegal data address): its
+/// settings' echo is all there is of them, and is taken.
+fn not_served(e: &crate::modbus::CduError) -> bool {
+    matches!(e.refused_code(), Some(1 | 2))
+}
+
 /// The CDU, the board, and what each last said.
 pub(super) struct Devices<P> {
     pub(super) cdu: P,
@@ -72,6 +79,14 @@ pub(super) struct Devices<P> {
     /// only when a read-back reads it held. A read-back that fails, or a
     /// write refused or not planned (so not read back), leaves it.
     safety_unheld: Vec<(Setting, String)>,
+    /// The settings whose last write did not go in (refused, not
+    /// answered, not tried, read back holding another value, or not read
+    /// back since one of those): one leaves when a write of it goes in and
+    /// is read back held, or needs no read-back (the heartbeat; a CDU
+    /// that does not serve the read-back, exception 1 or 2). Until then a
+    /// read-back of it that fails leaves it not taken: its echo alone
+    /// does not say the CDU takes it again.
+    not_taken: Vec<Setting>,
     board_errors: BoardErrors,
     /// When the CDU last answered a read.
     pub(super) last_read: Option<TimestampMs>,
@@ -135,6 +150,7 @@ impl<P: CduPort> Devices<P> {
             read_back_error: Failing::default(),
             safety_not_held: Failing::default(),
             safety_unheld: Vec::new(),
+            not_taken: Vec::new(),
             board_errors: BoardErrors::default(),
             last_read: None,
             pump_faults: None,
@@ -187,7 +203,9 @@ impl<P: CduPort> Devices<P> {
     /// heartbeat back (not written) from the next step until a read-back
     /// reads it held: the heartbeat held back is recorded as not written
     /// (so the core reads the CDU as not taking its writes: degraded) and
-    /// said in `stats` ([`ShellStats::heartbeat_held`]). The first failure
+    /// said in `stats` ([`ShellStats::heartbeat_held`]). A setting whose
+    /// last write did not go in stays not taken over a step whose
+    /// read-back of it fails ([`Devices::not_taken`]). The first failure
     /// is counted, and logged whole once per change of its text.
     pub(super) async fn write(&mut self, plan: &Plan, stats: &mut ShellStats) -> Outcome {
         let mut outcome = Outcome::default();
@@ -207,9 +225,11 @@ impl<P: CduPort> Devices<P> {
             }
             outcome.record(w.setting, r);
         }
-        if held.is_none() {
+        let read_back = held.is_none();
+        if read_back {
             self.read_back(plan, &mut outcome, &mut first, stats).await;
         }
+        self.judge_taken(&outcome, read_back);
         self.judge_writes(first, stats);
         stats.heartbeat_held = self.safety_not_held.0.clone();
         outcome
@@ -225,11 +245,30 @@ impl<P: CduPort> Devices<P> {
         )
     }
 
+    /// Keeps [`Devices::not_taken`] after a step's `outcome`: a setting
+    /// that failed joins it; one that went in leaves it when its read-back
+    /// was tried (`read_back`; one that failed is in `outcome` as not
+    /// taken), or it needs none (the heartbeat).
+    fn judge_taken(&mut self, outcome: &Outcome, read_back: bool) {
+        for (s, r) in &outcome.tried {
+            if r.is_err() {
+                if !self.not_taken.contains(s) {
+                    self.not_taken.push(*s);
+                }
+            } else if read_back || *s == Setting::Heartbeat {
+                self.not_taken.retain(|t| t != s);
+            }
+        }
+    }
+
     /// The step's read-back of the writes that went in
     /// ([`CduPort::read_back`]): a setting the CDU does not hold is
     /// recorded as not taken. A read-back that failed leaves its settings
-    /// as their echo said (taken): it is counted as a read error and
-    /// logged once per change of its text ([`Devices::judge_read_back`]).
+    /// as their echo said (taken), but for one whose last write did not
+    /// go in ([`Devices::not_taken`]; the CDU refusing to serve the
+    /// read-back at all, [`not_served`], aside): it is counted as a read
+    /// error and logged once per change of its text
+    /// ([`Devices::judge_read_back`]).
     async fn read_back(
         &mut self,
         plan: &Plan,
@@ -250,14 +289,26 @@ impl<P: CduPort> Devices<P> {
         let back = self.cdu.read_back(&went_in).await;
         self.judge_read_back(&back.unread, stats);
         self.judge_safety_held(&went_in, &back);
+        let mut not_taken = |s: Setting, why: &str| {
+            first.get_or_insert_with(|| format!("{}: {why}", s.register()));
+            if let Some(tried) = outcome.tried.iter_mut().find(|(t, _)| *t == s) {
+                tried.1 = Err(crate::decide::said::words(&why));
+            }
+        };
         for (settings, e) in back.not_held {
             let why = e.to_string();
-            for s in settings {
-                first.get_or_insert_with(|| format!("{}: {why}", s.register()));
-                if let Some(tried) = outcome.tried.iter_mut().find(|(t, _)| *t == s) {
-                    tried.1 = Err(crate::decide::said::words(&why));
-                }
-            }
+            settings.into_iter().for_each(|s| not_taken(s, &why));
+        }
+        // A setting not taken before whose read-back failed: not known
+        // taken, unless the CDU serves no read-back at all. The heartbeat
+        // is never read back (its echo is checked).
+        let unsure = |s: &&Setting| **s != Setting::Heartbeat && self.not_taken.contains(s);
+        for (settings, e) in back.unread.iter().filter(|(_, e)| !not_served(e)) {
+            let why = format!("not read back since its write did not go in: {e}");
+            settings
+                .iter()
+                .filter(unsure)
+                .for_each(|s| not_taken(*s, &why));
         }
     }
 
@@ -278,9 +329,12 @@ impl<P: CduPort> Devices<P> {
     }
 
     /// A step's writes ended with `first` as their first failure: counted
-    /// and logged whole when news; the end of the failures said.
+    /// and logged whole when news; the end of the failures said once every
+    /// setting is taken again ([`Devices::not_taken`]: went in and read
+    /// back held, the heartbeat written again).
     fn judge_writes(&mut self, first: Option<String>, stats: &mut ShellStats) {
         match first {
+            None if !self.not_taken.is_empty() => {}
             None => {
                 if let Some(e) = self.write_error.worked() {
                     tracing::info!("cooling shell: the CDU takes its settings again (was: {e})");
@@ -807,6 +861,98 @@ mod tests {
         assert_eq!(held[2..], [None, None]);
     }
 
+    /// A CDU that echoes every write and whose read-backs answer in turn
+    /// as `answers` says: `Some(true)` finds the setpoint not held,
+    /// `Some(false)` every setting held, `None` fails for every setting,
+    /// refused with exception `code`.
+    struct SetpointInTurn {
+        answers: std::collections::VecDeque<Option<bool>>,
+        code: u8,
+    }
+
+    impl CduPort for SetpointInTurn {
+        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
+            Ok(CduMeasurements::default())
+        }
+        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
+            Ok(())
+        }
+        async fn read_back(&mut self, written: &[Write]) -> ReadBack {
+            match self.answers.pop_front().expect("a read-back answer") {
+                Some(true) => Clamps.read_back(written).await,
+                Some(false) => ReadBack::default(),
+                None => {
+                    let e = crate::modbus::CduError::Refused {
+                        op: "read back holding 0-4 (supply_setpoint to pumps_run)".into(),
+                        code: self.code,
+                        meaning: crate::modbus::exception_meaning(self.code),
+                    };
+                    let settings = written.iter().map(|w| w.setting).collect();
+                    ReadBack {
+                        unread: vec![(settings, e)],
+                        ..ReadBack::default()
+                    }
+                }
+            }
+        }
+        fn limits(&self) -> MapLimits {
+            Silent::default().limits()
+        }
+        fn pump_fault_bits(&self) -> [bool; 2] {
+            [true; 2]
+        }
+    }
+
+    /// A setting the CDU did not take stays not taken, and the write
+    /// failure in force, over a step whose read-back fails (exception 6,
+    /// busy): its echo alone does not say the CDU takes it again. Read
+    /// back held, it is taken and the failure's end said. A CDU that does
+    /// not serve the read-back at all (exception 1) has its echo taken.
+    #[test]
+    fn a_read_back_that_fails_after_a_failed_write_leaves_the_setting_not_taken() {
+        let steps = |code: u8| {
+            let answers = [Some(true), None, Some(false)];
+            let mut d = Devices::new(
+                SetpointInTurn {
+                    answers: answers.into_iter().collect(),
+                    code,
+                },
+                None,
+            );
+            let mut stats = ShellStats::default();
+            (0..answers.len())
+                .map(|_| {
+                    let o = run(d.write(&every_setting(), &mut stats));
+                    let failure = d.write_error.0.clone();
+                    (
+                        o.taken().setpoint,
+                        o.taken().all,
+                        failure,
+                        stats.cdu_write_errors,
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let busy = steps(6);
+        assert_eq!(
+            busy.iter().map(|s| (s.0, s.1, s.3)).collect::<Vec<_>>(),
+            [(false, false, 1), (false, false, 2), (true, true, 2)]
+        );
+        let said = busy[1].2.as_deref().unwrap_or_default();
+        assert!(
+            said.starts_with("supply_setpoint: not read back since")
+                && said.contains("exception 6"),
+            "{said}"
+        );
+        assert!(busy[2].2.is_none(), "read back held: its end said");
+        let not_served = steps(1);
+        assert_eq!(
+            not_served.iter().map(|s| (s.0, s.1)).collect::<Vec<_>>(),
+            [(false, false), (true, true), (true, true)]
+        );
+        assert!(not_served[1].2.is_none());
+    }
+
     #[test]
     fn a_fault_bit_the_map_has_that_reads_no_value_refuses_the_clear() {
         // Pump A's bit is mapped and reads the CDU's "not available";
@@ -1037,6 +1183,7 @@ mod tests {
             read_back_error: Failing::default(),
             safety_not_held: Failing::default(),
             safety_unheld: Vec::new(),
+            not_taken: Vec::new(),
             board_errors: BoardErrors::default(),
             last_read: None,
             pump_faults: None,
