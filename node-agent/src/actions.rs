@@ -75,8 +75,8 @@ pub struct Outcome {
     pub ok: bool,
     /// The exit code, when it exited.
     pub exit_code: Option<i32>,
-    /// What went wrong, in words (empty when `ok`), with the end of its
-    /// standard error (its control characters written out as text).
+    /// What went wrong, in words (empty when `ok`), with its standard
+    /// error's start and end (its control characters written out as text).
     pub detail: String,
 }
 
@@ -103,6 +103,60 @@ pub fn retry_at(ended_ms: u64, failures: u32) -> u64 {
 const STDERR_GRACE: Duration = Duration::from_millis(200);
 /// The end of standard error kept, bytes.
 const STDERR_KEPT: usize = 4096;
+/// The start of standard error kept, bytes (the detail's first
+/// [`DETAIL_HEAD`] characters, 4 bytes each at most).
+const STDERR_HEAD: usize = 4 * DETAIL_HEAD;
+/// The first characters of a failed command's standard error kept in its
+/// detail: a wrapper says the cause first (`loopwarden-slurm: scontrol
+/// show node h07 failed: …`), then what it did about it.
+const DETAIL_HEAD: usize = 240;
+/// The last characters of a failed command's standard error kept in its
+/// detail; the middle of a longer one is cut, shown ` … `.
+const DETAIL_TAIL: usize = 200;
+
+/// What is kept of a command's standard error as it comes: its first
+/// [`STDERR_HEAD`] bytes and its last [`STDERR_KEPT`] after them.
+#[derive(Debug, Default)]
+struct Kept {
+    head: Vec<u8>,
+    tail: Vec<u8>,
+    /// Bytes between the two were dropped.
+    cut: bool,
+}
+
+impl Kept {
+    fn push(&mut self, bytes: &[u8]) {
+        let n = STDERR_HEAD.saturating_sub(self.head.len()).min(bytes.len());
+        self.head.extend_from_slice(&bytes[..n]);
+        self.tail.extend_from_slice(&bytes[n..]);
+        if self.tail.len() > STDERR_KEPT {
+            let extra = self.tail.len() - STDERR_KEPT;
+            self.tail.drain(..extra);
+            self.cut = true;
+        }
+    }
+
+    /// The text kept, trimmed: its first [`DETAIL_HEAD`] and last
+    /// [`DETAIL_TAIL`] characters, joined by ` … ` where the middle was
+    /// cut.
+    fn detail(&self) -> String {
+        let text = if self.cut {
+            let head = String::from_utf8_lossy(&self.head);
+            let tail = String::from_utf8_lossy(&self.tail);
+            format!("{head} … {tail}")
+        } else {
+            String::from_utf8_lossy(&[&self.head[..], &self.tail[..]].concat()).into_owned()
+        };
+        let text = text.trim();
+        let n = text.chars().count();
+        if !self.cut && n <= DETAIL_HEAD + DETAIL_TAIL + 3 {
+            return text.to_string();
+        }
+        let head: String = text.chars().take(DETAIL_HEAD).collect();
+        let tail: String = text.chars().skip(n.saturating_sub(DETAIL_TAIL)).collect();
+        format!("{} … {}", head.trim_end(), tail.trim_start())
+    }
+}
 
 /// The process group of a command started in one of its own (its id is
 /// the command's pid): killed when dropped before the command exited (its
@@ -164,7 +218,7 @@ pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
     // Read as it comes, so a command that writes much never waits on a
     // full pipe; kept where the tail is still there if the reader never
     // reaches the end (a process the command left running holds it).
-    let tail = Arc::new(Mutex::new(Vec::new()));
+    let tail = Arc::new(Mutex::new(Kept::default()));
     let mut stderr = tokio::spawn(read_tail(child.stderr.take(), tail.clone()));
     let status = match tokio::time::timeout(timeout, child.wait()).await {
         Ok(Ok(status)) => {
@@ -188,20 +242,9 @@ pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
     {
         stderr.abort();
     }
-    let err = std::mem::take(&mut *tail.lock().expect("stderr tail"));
+    let tail = shown(&tail.lock().expect("stderr tail").detail());
     let code = status.code();
     let ok = status.success();
-    let err = String::from_utf8_lossy(&err);
-    let tail: String = err
-        .trim()
-        .chars()
-        .rev()
-        .take(200)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
-    let tail = shown(&tail);
     Outcome {
         program,
         ok,
@@ -234,21 +277,16 @@ fn shown(text: &str) -> String {
     out
 }
 
-/// Reads `stderr` to its end, keeping its last [`STDERR_KEPT`] bytes in
-/// `kept` as they come (what was read stays there if the read is cut).
-async fn read_tail(stderr: Option<tokio::process::ChildStderr>, kept: Arc<Mutex<Vec<u8>>>) {
+/// Reads `stderr` to its end, keeping its start and end in `kept` as
+/// they come (what was read stays there if the read is cut).
+async fn read_tail(stderr: Option<tokio::process::ChildStderr>, kept: Arc<Mutex<Kept>>) {
     use tokio::io::AsyncReadExt;
     let Some(mut stderr) = stderr else {
         return;
     };
     let mut buf = [0u8; 1024];
     while let Ok(n @ 1..) = stderr.read(&mut buf).await {
-        let mut kept = kept.lock().expect("stderr tail");
-        kept.extend_from_slice(&buf[..n]);
-        if kept.len() > STDERR_KEPT {
-            let extra = kept.len() - STDERR_KEPT;
-            kept.drain(..extra);
-        }
+        kept.lock().expect("stderr tail").push(&buf[..n]);
     }
 }
 
@@ -344,6 +382,55 @@ mod tests {
             "{:?}",
             o.detail
         );
+    }
+
+    /// The drain wrapper says the cause first (Slurm's controller not
+    /// answering), then what it did anyway in a long line: the detail keeps
+    /// both (418 characters, whole), and both ends of a longer standard
+    /// error, showing where it was cut.
+    #[tokio::test]
+    async fn a_long_stderr_keeps_its_cause_first_and_its_end_with_the_cut_shown() {
+        let cause = "loopwarden-slurm: scontrol show node h07 failed: slurm_load_node error: Unable to contact slurm controller (connect failure)";
+        let did = "loopwarden-slurm: h07: its state could not be read: drained for gpu3 anyway, its reason before unread (marked 'reason before this drain unread (loopwarden-slurm)': a person must look, then take the mark alone off with 'loopwarden-slurm clear-unread h07', which keeps the agent's parts): exit 1";
+        let script = format!("echo \"{cause}\" >&2; echo \"{did}\" >&2; exit 1");
+        let o = run(&["sh".into(), "-c".into(), script], Duration::from_secs(5)).await;
+        assert_eq!((o.ok, o.exit_code), (false, Some(1)));
+        for said in [
+            "Unable to contact slurm controller",
+            "drained for gpu3 anyway",
+            "which keeps the agent's parts): exit 1",
+        ] {
+            assert!(o.detail.contains(said), "{said:?} not in {:?}", o.detail);
+        }
+        // Far longer than the buffer kept (4 KiB): the first line is kept
+        // all the same, the detail stays short.
+        let script = "echo cause-XYZ >&2; printf '%09999d\\n' 0 >&2; echo the-end >&2; exit 1";
+        let o = run(
+            &["sh".into(), "-c".into(), script.into()],
+            Duration::from_secs(5),
+        )
+        .await;
+        assert!(
+            o.detail.starts_with("exit 1: cause-XYZ\\x0a000"),
+            "{:?}",
+            o.detail
+        );
+        assert!(
+            o.detail.contains("0 … 0"),
+            "the cut not shown: {:?}",
+            o.detail
+        );
+        assert!(o.detail.ends_with("000\\x0athe-end"), "{:?}", o.detail);
+        assert!(o.detail.chars().count() < 500, "{:?}", o.detail);
+        // Short enough, whole, with no mark.
+        let script = "echo cause-XYZ >&2; printf '%0293d\\n' 0 >&2; exit 1";
+        let o = run(
+            &["sh".into(), "-c".into(), script.into()],
+            Duration::from_secs(5),
+        )
+        .await;
+        let whole = format!("exit 1: cause-XYZ\\x0a{}", "0".repeat(293));
+        assert_eq!(o.detail, whole);
     }
 
     #[tokio::test]
