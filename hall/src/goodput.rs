@@ -18,6 +18,7 @@
 pub mod charts;
 pub mod report;
 pub mod study;
+pub mod verdict;
 
 use std::fs;
 use std::path::PathBuf;

@@ -201,8 +201,12 @@ fn drains_with_neither_false_flag_are_compared_with_the_agent_with_none() {
     let as_run = (ett("agent_drain_no_false_alarms") - ett("agent")) * 100.0;
     assert!((gain - as_run).abs() > 0.01, "{gain} {as_run}");
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
-    let said = format!("and {gain:+.2} with neither (against the agent without false quarantines)");
+    // Said with its paired interval over the same trials.
+    let d = &v["ett_differences"]["agent_drain_minus_agent_with_neither"];
+    let h = d["ci95_half_width"].as_f64().unwrap() * 100.0;
+    let said = format!("and {gain:+.2} ± {h:.2} points (95 %)");
     assert!(md.contains(&said), "report.md lacks {said}");
+    assert!(md.contains("with neither (against the agent without false quarantines)"));
     assert!(md.contains("| reactive | agent, no false quarantines |"));
     assert!(!md.contains("(as run) |"));
 }

@@ -10,7 +10,8 @@ use loopwarden_twin::goodput::mix::LLAMA3_RATE_PER_GPU_DAY;
 use loopwarden_twin::goodput::{Job, Lost, PolicySummary, Settings};
 
 use super::charts::{causes, CHARTS, SWEPT_POLICIES};
-use super::study::{false_flags, Point, Study, Swept, COVERAGE, LEAD_H, TARGET};
+use super::study::{false_flags, Point, Study, COVERAGE, LEAD_H, TARGET};
+use super::verdict::{drains_pay, said};
 
 /// The report page's name.
 pub const REPORT: &str = "report.md";
@@ -116,7 +117,6 @@ fn result(md: &mut String, s: &Study) {
         &s.agent_no_false_quarantines,
     );
     row(md, "agent + drain without false alarms", &s.no_false_alarms);
-    let p = &s.headline.policies;
     let which = if s.inputs.measured {
         format!(
             "the precursors the health engine achieves today (the measured model{})",
@@ -125,21 +125,25 @@ fn result(md: &mut String, s: &Study) {
     } else {
         "the mix's own precursors".to_string()
     };
+    let by = |key: &str| {
+        let d = s.differences.iter().find(|d| d.key == key);
+        d.map_or("none measured".to_string(), said)
+    };
     let _ = writeln!(
         md,
-        "\nThe agent gains {:+.2} points over reactive handling. {} {} \
-         Drains, with {which}, add {:+.2} points at {:.2e} false degrades and {:.2e} \
-         false quarantines per GPU-day ({:.1} false flags a day for the job, {}) \
-         and {:+.2} with neither (against the agent without false quarantines).\n",
-        (p[1].ett - p[0].ett) * 100.0,
+        "\nThe agent against reactive handling, trial by trial: {}. {} {} \
+         Drains, with {which}, against the agent: {} at {:.2e} false degrades and {:.2e} \
+         false quarantines per GPU-day ({:.1} false flags a day for the job, {}), and {} \
+         with neither (against the agent without false quarantines).\n",
+        by("agent_minus_reactive"),
         agent_credit(&s.inputs.settings),
         false_quarantine_charge(&s.inputs.settings, &s.inputs.job),
-        (p[2].ett - p[1].ett) * 100.0,
+        by("agent_drain_minus_agent"),
         s.inputs.settings.false_alarms_per_gpu_day,
         s.inputs.settings.false_quarantines_per_gpu_day,
         false_flags(&s.inputs.settings) * f64::from(s.inputs.job.gpus),
         flag_handling(&s.inputs.settings),
-        with_neither(s) * 100.0,
+        by("agent_drain_minus_agent_with_neither"),
     );
     differences(md, s);
     let _ = writeln!(md, "{DRAIN_NOT_SHIPPED}\n");
@@ -194,12 +198,6 @@ fn unmeasured(classes: &[String]) -> String {
             classes.join(", ")
         )
     }
-}
-
-/// What the drain policy gains over the agent where neither raises a
-/// false flag, as a fraction.
-pub fn with_neither(s: &Study) -> f64 {
-    s.no_false_alarms.ett - s.agent_no_false_quarantines.ett
 }
 
 /// What the drain policy does with a false flag, in words.
@@ -733,43 +731,6 @@ fn false_alarms(md: &mut String, s: &Study) {
     md.push_str(&drains_pay(&s.false_alarms));
 }
 
-/// Where drains beat the agent alone among the false-flag rates swept, in
-/// words: only where the paired difference's 95 % interval is above 0.
-fn drains_pay(swept: &[Swept]) -> String {
-    let sure = |w: &&Swept, above: bool| {
-        let d = &w.vs_agent;
-        d.half_width.is_some() && if above { d.low() > 0.0 } else { d.high() < 0.0 }
-    };
-    let pays: Vec<&Swept> = swept.iter().filter(|w| sure(w, true)).collect();
-    let top = pays.iter().rfind(|w| w.rate > 0.0);
-    let n = swept.first().map_or(0, |w| w.vs_agent.trials);
-    match top {
-        Some(w) => format!(
-            "\nDrains pay (beat the agent alone, both without false quarantines, the paired \
-             difference's 95 % interval above 0: {:+.3} ± {:.3} points over {n} trials) up to \
-             {r:.1e} false flags per GPU-day among the rates swept. Showing a rate that low with \
-             no false alarm seen takes 3.0 / {r:.1e} = {:.0} clean GPU-days of replay (the 95 % \
-             one-sided Poisson bound).\n\n",
-            w.vs_agent.mean * 100.0,
-            w.vs_agent.half_width.unwrap_or(0.0) * 100.0,
-            3.0 / w.rate,
-            r = w.rate,
-        ),
-        None if swept.iter().all(|w| sure(&w, false)) => {
-            "\nDrains do not pay at any rate swept.\n\n".to_string()
-        }
-        None => {
-            format!(
-            "\n{}At no positive rate swept can drains be told apart from the agent alone (both \
-             without false quarantines) as paying over {n} trials: each paired difference's \
-             95 % interval holds 0 or lies below it{}.\n\n",
-            if pays.is_empty() { "" } else { "Drains pay only with no false flag at all. " },
-            if n < 2 { ", and one trial gives no interval" } else { "" }
-        )
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -793,65 +754,6 @@ mod tests {
         // Normal approximation: 10⁴ + 2.326 × 100.
         let q = poisson_quantile(1e4, 0.99);
         assert!((10_220..10_245).contains(&q), "{q}");
-    }
-
-    /// The longest run of digits in `text`.
-    fn longest_number(text: &str) -> usize {
-        text.split(|c: char| !c.is_ascii_digit())
-            .map(str::len)
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// Rates swept, each `(rate, mean difference from the agent, its
-    /// half-width)` over `trials`.
-    fn swept(rows: &[(f64, f64, Option<f64>)], trials: u32) -> Vec<Swept> {
-        let row = |&(rate, mean, half_width): &(f64, f64, Option<f64>)| Swept {
-            rate,
-            ett: 0.9 + mean,
-            vs_agent: super::super::study::Difference {
-                key: "k",
-                name: "n",
-                mean,
-                half_width,
-                trials,
-            },
-        };
-        rows.iter().map(row).collect()
-    }
-
-    #[test]
-    fn drains_that_pay_only_without_false_flags_are_said_to_in_words() {
-        let h = Some(0.001);
-        let words = drains_pay(&swept(&[(0.0, 0.01, h), (1e-6, -0.01, h)], 9));
-        assert!(longest_number(&words) <= 20, "{words}");
-        assert!(words.contains("only with no false flag"), "{words}");
-        let words = drains_pay(&swept(
-            &[(0.0, 0.01, h), (1e-6, 0.005, h), (1e-5, -0.01, h)],
-            9,
-        ));
-        assert!(
-            words.contains("+0.500 ± 0.100 points over 9 trials) up to 1.0e-6 false flags"),
-            "{words}"
-        );
-        assert!(words.contains("= 3000000 clean GPU-days"), "{words}");
-        let words = drains_pay(&swept(&[(0.0, -0.01, h), (1e-6, -0.02, h)], 9));
-        assert!(words.contains("do not pay at any rate swept"), "{words}");
-    }
-
-    #[test]
-    fn drains_ahead_of_the_agent_within_the_interval_are_not_said_to_pay() {
-        // Ahead by 0.1 point, ± 0.2: not told apart.
-        let words = drains_pay(&swept(
-            &[(0.0, 0.0, Some(0.0)), (3e-5, 0.001, Some(0.002))],
-            200,
-        ));
-        assert!(!words.contains("Drains pay"), "{words}");
-        assert!(words.contains("can drains be told apart"), "{words}");
-        // One trial gives no interval: ahead by a point, yet not told apart.
-        let words = drains_pay(&swept(&[(0.0, 0.01, None), (3e-5, 0.01, None)], 1));
-        assert!(!words.contains("Drains pay"), "{words}");
-        assert!(words.contains("one trial gives no interval"), "{words}");
     }
 
     /// Llama 3's mix with every visible class flagged so rarely that
@@ -894,6 +796,13 @@ mod tests {
             md.contains("At no positive rate swept can drains be told apart"),
             "{md}"
         );
+        // Drains doing nothing: the headline's verdicts come from the paired
+        // intervals, not from two means.
+        assert!(
+            md.contains("The agent against reactive handling, trial by trial: +0.00 ± 0.00 points (95 %), not told apart from none"),
+            "{md}"
+        );
+        assert!(!md.contains("The agent gains"), "{md}");
         assert!(md.contains(&format!(
             "the agent without drains and without false quarantines has {} over the same 10 trials",
             pct(s.agent_swept.ett)
