@@ -189,12 +189,7 @@ impl Hall {
     /// The summary of the run so far (`docs/plant-model.md` §8.3), as `simulate`
     /// reports it, named `scenario`, for `controller`.
     pub fn summary(&self, scenario: &str, controller: &str) -> crate::sim::Summary {
-        let leaks = self
-            .scenario
-            .faults
-            .iter()
-            .filter(|f| matches!(f.kind, FaultKind::Leak(_)) && (f.at_s as f64) < self.t)
-            .count() as u32;
+        let leaks = self.scenario.leaks_before(self.t);
         let t = self.plant.totals();
         self.tally
             .summary(scenario, controller, self.t.round() as u64, &t, leaks)
@@ -593,13 +588,22 @@ mod tests {
         hall_on(RegisterMap::sim_cdu(), extra)
     }
 
-    /// A hall whose CDU serves `map`.
-    fn hall_on(map: RegisterMap, extra: &str) -> (Hall, SimCdu, SimLines) {
+    /// The test hall's scenario: an hour, two racks, `extra`'s faults.
+    fn scenario_of(extra: &str) -> Scenario {
         let text = format!(
             "format = \"plant-scenario/1\"\ndescription = \"t\"\nduration_s = 3600\nseed = 1\n\
              [site]\nracks = 2\n[ambient]\npoints = [[0, 20.0]]\n[load]\nall = [[0, 0.8]]\n{extra}"
         );
-        let s = Scenario::from_toml(&text, "t.toml").unwrap();
+        Scenario::from_toml(&text, "t.toml").unwrap()
+    }
+
+    /// A hall whose CDU serves `map`.
+    fn hall_on(map: RegisterMap, extra: &str) -> (Hall, SimCdu, SimLines) {
+        hall_playing(map, scenario_of(extra))
+    }
+
+    /// A hall playing `s`, its CDU serving `map`.
+    fn hall_playing(map: RegisterMap, s: Scenario) -> (Hall, SimCdu, SimLines) {
         let cdu = SimCdu::new(
             map,
             &[
@@ -1014,5 +1018,30 @@ mod tests {
         }
         assert_eq!(input(&cdu, "pump_a_fault"), 1.0, "shown all the same");
         assert!(input(&cdu, "return_temp") > 0.0);
+    }
+
+    #[test]
+    fn simulate_and_the_hall_count_the_leaks_of_a_run_alike() {
+        let leaks = "[[fault]]\nat_s = 1000\nkind = \"leak\"\ntarget = \"0\"\n\
+                     [[fault]]\nat_s = 3599\nkind = \"leak\"\ntarget = \"1\"\n";
+        // The whole hour, then a run cut short of the second leak (as a
+        // shorter run of the same scenario plays it).
+        for (duration_s, expected) in [(3600, 2), (2000, 1)] {
+            let mut s = scenario_of(leaks);
+            s.duration_s = duration_s;
+            let simulated =
+                crate::sim::run("t", &s, &mut crate::sim::Baseline::new(32.0, 2), None, 60)
+                    .unwrap();
+            let (mut h, _, _) = hall_playing(RegisterMap::sim_cdu(), s);
+            for _ in 0..duration_s {
+                h.step(1.0).unwrap();
+            }
+            let played = h.summary("t", "baseline-32");
+            assert_eq!(
+                (simulated.leaks, played.leaks),
+                (expected, expected),
+                "over {duration_s} s"
+            );
+        }
     }
 }

@@ -346,7 +346,14 @@ impl Scenario {
             .iter()
             .enumerate()
             .map(|(i, f)| {
-                fault_of(f, &site).map_err(|m| err(format!("fault {} ({}): {m}", i + 1, f.kind)))
+                let named = |m: String| err(format!("fault {} ({}): {m}", i + 1, f.kind));
+                if f.at_s >= file.duration_s {
+                    return Err(named(format!(
+                        "at_s = {} is not before duration_s = {}: it would never act in the run",
+                        f.at_s, file.duration_s
+                    )));
+                }
+                fault_of(f, &site).map_err(named)
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
@@ -414,6 +421,16 @@ impl Scenario {
                 })
                 .unwrap_or(1.0),
         }
+    }
+
+    /// Leaks that have begun before `t` seconds (`leaks` in the summary:
+    /// `simulate` counts them at its end, `duration_s`, the live hall at
+    /// the time it has played to).
+    pub fn leaks_before(&self, t: f64) -> u32 {
+        self.faults
+            .iter()
+            .filter(|f| matches!(f.kind, FaultKind::Leak(_)) && (f.at_s as f64) < t)
+            .count() as u32
     }
 
     /// The faults acting at `t` seconds.
@@ -804,6 +821,18 @@ target = "1.3.7"
                 "{e}"
             );
         }
+        let e = bad("at_s = 1800\nuntil_s = 3600", "at_s = 7200\nuntil_s = 9000");
+        assert!(
+            e.contains("fault 1 (chiller_trip)")
+                && e.contains("at_s = 7200")
+                && e.contains("duration_s = 7200"),
+            "{e}"
+        );
+        let e = bad("at_s = 100\n", "at_s = 9999\n");
+        assert!(
+            e.contains("fault 3 (gpu_fail)") && e.contains("at_s = 9999"),
+            "{e}"
+        );
         let e = bad("racks = 2", "rakcs = 2");
         assert!(e.contains("[site]") && e.contains("rakcs"), "{e}");
     }

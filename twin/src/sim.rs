@@ -81,7 +81,7 @@ pub struct Summary {
     pub cap_requests: u64,
     /// Seconds the controller declared itself in failsafe.
     pub failsafe_s: u64,
-    /// Leaks in the scenario.
+    /// Leaks in the scenario that began within the run.
     pub leaks: u32,
     /// Seconds in which a leaking rack had coolant pumped to it (its valve
     /// open while a pump ran).
@@ -178,11 +178,7 @@ pub fn run(
     trace_every_s: u64,
 ) -> std::io::Result<Summary> {
     let mut st = RunState::new(scenario);
-    let leaks = scenario
-        .faults
-        .iter()
-        .filter(|f| matches!(f.kind, FaultKind::Leak(_)))
-        .count() as u32;
+    let leaks = scenario.leaks_before(scenario.duration_s as f64);
     if let Some(w) = trace.as_deref_mut() {
         writeln!(w, "t_s,ambient_c,setpoint_c,supply_c,return_c,flow_lpm,pump_speed,max_gpu_c,it_kw,facility_kw,caps")?;
     }

@@ -28,7 +28,7 @@ use std::io::Write;
 
 use super::{ratio, Controller, RunState, Summary};
 use crate::plant::FacilityLoop;
-use crate::scenario::{FaultKind, Scenario};
+use crate::scenario::Scenario;
 
 /// What the facility coordinator decides for one second.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -187,12 +187,9 @@ pub fn run_hall(
     })
 }
 
-/// Leaks in a scenario.
+/// Leaks that begin within a scenario's run.
 fn leaks_of(s: &Scenario) -> u32 {
-    s.faults
-        .iter()
-        .filter(|f| matches!(f.kind, FaultKind::Leak(_)))
-        .count() as u32
+    s.leaks_before(s.duration_s as f64)
 }
 
 /// The hall's figures: the CDUs' energy, work and counters together.
