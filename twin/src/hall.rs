@@ -38,7 +38,8 @@ use loopwarden_boards::pins::PinMap;
 
 use crate::pins::SimLines;
 use crate::plant::{Actuation, GpuState, Plant};
-use crate::scenario::{FaultKind, Scenario, SensorName};
+use crate::scenario::{FaultKind, Scenario, SensorFault, SensorName};
+use crate::sim::SensorState;
 use crate::sim_cdu::{fallback, SimCdu};
 use crate::tally::{Declared, Tally};
 
@@ -83,8 +84,7 @@ pub struct Hall {
     t: f64,
     /// The CDU's sensors as faults leave them: the five of the loop, then
     /// the outdoor one.
-    stuck: [Option<f64>; 6],
-    drift: [f64; 6],
+    sensors: [SensorState; 6],
     /// The heartbeat register's last value and when it changed, s.
     heartbeat: Option<(f64, f64)>,
     /// The relay line's last level and when it changed, s.
@@ -130,8 +130,7 @@ impl Hall {
             follow,
             failed: vec![false; n],
             t: 0.0,
-            stuck: [None; 6],
-            drift: [0.0; 6],
+            sensors: [SensorState::default(); 6],
             heartbeat: None,
             relay: None,
             played,
@@ -261,7 +260,8 @@ impl Hall {
     }
 
     /// Sensor `k` (`name`) reading `truth` after `dt` seconds under the
-    /// `active` faults: lost, stuck, or drifting by its rate per minute.
+    /// `active` faults: lost, stuck, or drifting by its rate per minute
+    /// (by the rule simulate reads its sensors by, [`SensorFault::of`]).
     fn sensor(
         &mut self,
         active: &[FaultKind],
@@ -270,21 +270,7 @@ impl Hall {
         truth: f64,
         dt: f64,
     ) -> Option<f64> {
-        if active.contains(&FaultKind::SensorLost(name)) {
-            return None;
-        }
-        if active.contains(&FaultKind::SensorStuck(name)) {
-            return Some(*self.stuck[k].get_or_insert(truth));
-        }
-        self.stuck[k] = None;
-        match active.iter().find_map(|f| match f {
-            FaultKind::SensorDrift(n, rate) if *n == name => Some(*rate),
-            _ => None,
-        }) {
-            Some(rate) => self.drift[k] += rate / 60.0 * dt,
-            None => self.drift[k] = 0.0,
-        }
-        Some(truth + self.drift[k])
+        self.sensors[k].read(SensorFault::of(active, name), truth, dt)
     }
 
     /// Whether the CDU has lost its controller: a heartbeat or relay it
@@ -1043,5 +1029,52 @@ mod tests {
                 "over {duration_s} s"
             );
         }
+    }
+
+    /// Records, at each step, how far the return temperature it reads is
+    /// from the truth; answers as baseline-32.
+    struct ReturnDrift {
+        truth: f64,
+        drift: Vec<Option<f64>>,
+        inner: crate::sim::Baseline,
+    }
+
+    impl crate::sim::Controller for ReturnDrift {
+        fn name(&self) -> &str {
+            "return-drift"
+        }
+        fn observe(&mut self, plant: &Plant, _cond: &crate::plant::Conditions) {
+            self.truth = plant.meters().return_c;
+        }
+        fn step(&mut self, r: &crate::sim::Readings) -> crate::sim::Decision {
+            self.drift.push(r.return_c.map(|v| v - self.truth));
+            self.inner.step(r)
+        }
+    }
+
+    #[test]
+    fn overlapping_drifts_of_one_sensor_read_alike_in_simulate_and_the_hall() {
+        // +2 K/min for the hour, -2 K/min over its second half: the first
+        // in the file counts (docs/plant-model.md section 8), +80 K at 40 min.
+        let s = scenario_of(
+            "[[fault]]\nat_s = 0\nkind = \"sensor_drift\"\ntarget = \"return_temp\"\nvalue = 2.0\n\
+             [[fault]]\nat_s = 1800\nkind = \"sensor_drift\"\ntarget = \"return_temp\"\nvalue = -2.0\n",
+        );
+        let mut rec = ReturnDrift {
+            truth: 0.0,
+            drift: Vec::new(),
+            inner: crate::sim::Baseline::new(32.0, 2),
+        };
+        crate::sim::run("t", &s, &mut rec, None, 60).unwrap();
+        let simulated = rec.drift[2400].expect("read");
+        let (mut h, cdu, _) = hall_playing(RegisterMap::sim_cdu(), s);
+        for _ in 0..2400 {
+            h.step(1.0).unwrap();
+        }
+        let played = input(&cdu, "return_temp") - h.plant().meters().return_c;
+        assert!(
+            (simulated - played).abs() < 0.1 && (played - 80.0).abs() < 0.1,
+            "simulate {simulated:.2} K, the hall {played:.2} K"
+        );
     }
 }

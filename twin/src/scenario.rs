@@ -11,6 +11,8 @@
 //!   before its first and after its last point.
 //! - *fault*: something that breaks at `at_s` and, if `until_s` is given,
 //!   is cleared then.
+//! - *sensor fault*: what the faults in force do to one sensor together
+//!   ([`SensorFault`]), by one rule for `simulate` and the live hall.
 
 use std::collections::BTreeMap;
 
@@ -182,6 +184,40 @@ pub enum FaultKind {
     /// At the next controller restart, the newest latched-state record in
     /// the controller's flash is damaged; older records are intact.
     LatchCorrupt,
+}
+
+/// What the faults in force do to one sensor, by one rule for every
+/// runner (`docs/plant-model.md` §8): a lost sensor is lost whatever else
+/// acts on it, a stuck one stays stuck whatever drifts, and of several
+/// drifts the first in the file counts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SensorFault {
+    /// No fault: it reads the truth.
+    None,
+    /// It reads nothing.
+    Lost,
+    /// It keeps the reading it had when it stuck.
+    Stuck,
+    /// It drifts by this many units per minute.
+    Drift(f64),
+}
+
+impl SensorFault {
+    /// What the faults of `active` (in file order) do to sensor `name`.
+    pub fn of<'a>(active: impl IntoIterator<Item = &'a FaultKind>, name: SensorName) -> Self {
+        let mut out = Self::None;
+        for f in active {
+            match f {
+                FaultKind::SensorLost(n) if *n == name => return Self::Lost,
+                FaultKind::SensorStuck(n) if *n == name => out = Self::Stuck,
+                FaultKind::SensorDrift(n, rate) if *n == name && out == Self::None => {
+                    out = Self::Drift(*rate)
+                }
+                _ => {}
+            }
+        }
+        out
+    }
 }
 
 /// A fault and when it acts.

@@ -45,7 +45,7 @@ pub use multi::{run_hall, FacilityCoordinator, FacilityOrder, FacilityPolicy, Ha
 
 use crate::hosts::HostFollow;
 use crate::plant::{Actuation, Conditions, Meters, Plant};
-use crate::scenario::{FaultKind, Scenario, SensorName};
+use crate::scenario::{FaultKind, Scenario, SensorFault, SensorName};
 use crate::tally::{Declared, Tally};
 
 /// The figures of a run (`docs/plant-model.md` §8.3).
@@ -110,11 +110,29 @@ pub(crate) fn ratio(a: f64, b: f64) -> f64 {
     }
 }
 
-/// A sensor as the controller sees it, with the scenario's faults.
+/// A sensor as the controller sees it, with the scenario's faults: the
+/// reading it stuck at, how far it has drifted. Simulate and the live
+/// hall ([`crate::hall::Hall`]) read their sensors through it.
 #[derive(Debug, Clone, Copy, Default)]
-struct SensorState {
+pub(crate) struct SensorState {
     stuck: Option<f64>,
     drift: f64,
+}
+
+impl SensorState {
+    /// The reading of a sensor whose truth is `truth`, `dt` seconds after
+    /// its last, under `fault` ([`SensorFault::of`]): none when lost, the
+    /// value it stuck at, or the truth plus its drift so far.
+    pub(crate) fn read(&mut self, fault: SensorFault, truth: f64, dt: f64) -> Option<f64> {
+        match fault {
+            SensorFault::Lost => return None,
+            SensorFault::Stuck => return Some(*self.stuck.get_or_insert(truth)),
+            SensorFault::Drift(rate) => self.drift += rate / 60.0 * dt,
+            SensorFault::None => self.drift = 0.0,
+        }
+        self.stuck = None;
+        Some(truth + self.drift)
+    }
 }
 
 fn sensor(
@@ -124,25 +142,7 @@ fn sensor(
     truth: f64,
     state: &mut SensorState,
 ) -> Option<f64> {
-    let mut stuck = false;
-    let mut drift_rate = None;
-    for f in s.active(t) {
-        match f {
-            FaultKind::SensorLost(n) if *n == name => return None,
-            FaultKind::SensorStuck(n) if *n == name => stuck = true,
-            FaultKind::SensorDrift(n, rate) if *n == name => drift_rate = Some(*rate),
-            _ => {}
-        }
-    }
-    if stuck {
-        return Some(*state.stuck.get_or_insert(truth));
-    }
-    state.stuck = None;
-    match drift_rate {
-        Some(rate) => state.drift += rate / 60.0,
-        None => state.drift = 0.0,
-    }
-    Some(truth + state.drift)
+    state.read(SensorFault::of(s.active(t), name), truth, 1.0)
 }
 
 /// The lead pump of a pump command: the one pump on (`None`: both or
