@@ -22,8 +22,15 @@
 //! for a transaction ([`crate::budget`]), and its waits end at the step's
 //! end. A run that fails (no answer, refused, a bad answer) or that the
 //! step's time left unasked leaves its settings as their echo said
-//! (taken), as on Linux: a CDU that does not serve function 3 on its
-//! holding registers would otherwise have its lead pump's trip never
+//! (taken), but for one last read back not held: that one stays not
+//! taken (its write's answer the failure `… last read back word 0, not
+//! the word 1 written; not read back since: not taken`), so a lead pump
+//! the CDU was found not to run is not judged tripped on an echo, until
+//! a read-back reads it held. A CDU that refuses the read-back itself
+//! (exception 1 or 2: no function 3 on its holding registers) has its
+//! echo taken, and a write that failed (refused, unanswered, not sent)
+//! with no read-back to say otherwise is taken on a later echo, as on
+//! Linux: such a CDU would otherwise have its lead pump's trip never
 //! judged. After a run the CDU did not answer, the later runs are not
 //! asked (each would wait out its own timeout), as a read's later spans
 //! are not.
@@ -31,6 +38,8 @@
 //! Glossary:
 //! - *held*: the words a setting's registers read back.
 //! - *run*: contiguous holding registers read back in one request.
+//! - *unsure*: a setting whose write went in but whose run was not read
+//!   back (failed, or not asked) while the CDU serves the read-back.
 
 use core::fmt;
 
@@ -106,7 +115,8 @@ pub struct SafetyHeld {
     /// Read-backs that found a safety setting not held, since boot.
     pub not_held: u32,
     /// Read-back requests that failed or were not asked, since boot:
-    /// their settings taken on their echo.
+    /// their settings taken on their echo, but for those in `unheld`
+    /// while the CDU serves the read-back.
     pub unread: u32,
 }
 
@@ -224,9 +234,12 @@ fn next_run(rest: &[Written]) -> (usize, usize) {
 /// Writes `plan` through `port` ([`writes::execute`], the heartbeat
 /// withheld while `held` says so), then reads back the safety settings
 /// that went in: one found not held becomes its write's failure and
-/// withholds the heartbeat from the next step. Each read-back that failed
-/// is said on `console`. The outcome, and the change for the gateway's
-/// log.
+/// withholds the heartbeat from the next step. One not read back (its
+/// run failed or not asked) is taken on its echo, but for one last read
+/// back not held ([`SafetyHeld::unheld`]): that one stays not taken
+/// ([`StillNotHeld`]) unless the CDU refused the read-back itself
+/// (exception 1 or 2, [`not_served`]). Each read-back that failed is
+/// said on `console`. The outcome, and the change for the gateway's log.
 pub fn write_step<P: HoldingPort>(
     port: &mut P,
     plan: &Plan,
@@ -237,6 +250,7 @@ pub fn write_step<P: HoldingPort>(
     let written = went_in(plan, &outcome);
     let mut read: heapless::Vec<Setting, SAFETY> = heapless::Vec::new();
     let mut found: heapless::Vec<NotHeld, SAFETY> = heapless::Vec::new();
+    let mut unsure: heapless::Vec<Setting, SAFETY> = heapless::Vec::new();
     let mut rest = &written[..];
     while !rest.is_empty() {
         let (n, words) = next_run(rest);
@@ -249,34 +263,108 @@ pub fn write_step<P: HoldingPort>(
             }
             Err(why) => why,
         };
-        held.unread = held.unread.wrapping_add(1);
+        let served = !not_served(&why);
+        let mut unread = |run: &[Written]| {
+            if run.is_empty() {
+                return;
+            }
+            held.unread = held.unread.wrapping_add(1);
+            if served {
+                unsure.extend(run.iter().map(|w| w.setting));
+            }
+        };
+        // After a run the CDU did not answer, the later ones are not asked.
+        let stops = !matches!(why, RunFailure::Port(RtuError::Refused { .. }));
+        unread(run);
+        if stops {
+            unread(rest);
+        }
+        let taken = |run| Taken { run, held, served };
         let _ = match why {
-            RunFailure::Port(e) => writeln!(console, "{e}: taken as their write's echo said"),
+            RunFailure::Port(e) => writeln!(console, "{e}: {}", taken(run)),
             RunFailure::OutOfTime => writeln!(
                 console,
-                "read back {}: not asked: the step's time ran out; taken as their write's echo said",
-                Names(run)
+                "read back {}: not asked: the step's time ran out; {}",
+                Names(run),
+                taken(run)
             ),
         };
-        if !matches!(why, RunFailure::Port(RtuError::Refused { .. })) {
+        if stops {
             if !rest.is_empty() {
-                held.unread = held.unread.wrapping_add(1);
                 let _ = writeln!(
                     console,
-                    "read back {}: not asked after it: taken as their write's echo said",
-                    Names(rest)
+                    "read back {}: not asked after it: {}",
+                    Names(rest),
+                    taken(rest)
                 );
             }
             break;
         }
     }
     for n in &found {
-        if let Some(t) = outcome.tried.iter_mut().find(|(s, _)| *s == n.setting) {
-            t.1 = Err(cooling_decide::said::words(n));
-        }
+        fail(&mut outcome, n.setting, &n);
+    }
+    for n in held.unheld.iter().filter(|u| unsure.contains(&u.setting)) {
+        fail(&mut outcome, n.setting, &StillNotHeld(n));
     }
     let change = held.judge(&read, &found);
     (outcome, change)
+}
+
+/// Records `why` as the failure of `s`'s write in `outcome`.
+fn fail(outcome: &mut Outcome, s: Setting, why: &impl fmt::Display) {
+    if let Some(t) = outcome.tried.iter_mut().find(|(t, _)| *t == s) {
+        t.1 = Err(cooling_decide::said::words(why));
+    }
+}
+
+/// Whether a read-back failed as the CDU refusing to serve it at all
+/// (exception 1, illegal function, or 2, illegal data address): its
+/// settings' echo is all there is of them, and is taken.
+fn not_served(why: &RunFailure) -> bool {
+    matches!(why, RunFailure::Port(RtuError::Refused { code: 1 | 2, .. }))
+}
+
+/// A setting last read back not held whose read-back since failed or
+/// was not asked: not taken on its echo.
+struct StillNotHeld<'a>(&'a NotHeld);
+
+impl fmt::Display for StillNotHeld<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0;
+        write!(
+            f,
+            "{} at holding {} last read back {}, not the {} written; not read back since: not taken",
+            n.setting.register(),
+            n.address,
+            Said(&n.held[..n.len]),
+            Said(&n.written[..n.len])
+        )
+    }
+}
+
+/// What becomes of the settings of a run not read back, as the console
+/// says it: taken on their echo, but for those last read back not held
+/// while the CDU serves the read-back (`served`).
+struct Taken<'a> {
+    run: &'a [Written],
+    held: &'a SafetyHeld,
+    served: bool,
+}
+
+impl fmt::Display for Taken<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("taken as their write's echo said")?;
+        let unheld = |w: &&Written| self.held.unheld.iter().any(|u| u.setting == w.setting);
+        if !self.served || !self.run.iter().any(|w| unheld(&w)) {
+            return Ok(());
+        }
+        f.write_str(", but not")?;
+        for w in self.run.iter().filter(unheld) {
+            write!(f, " {}", w.register.name)?;
+        }
+        f.write_str(" (last read back not held)")
+    }
 }
 
 /// Why a run was not read back.
@@ -370,6 +458,8 @@ mod tests {
         ignores: Vec<&'static str>,
         /// It does not answer a read-back.
         silent: bool,
+        /// It refuses a read-back with this exception.
+        refuses: Option<u8>,
         /// Transactions the step has time for.
         budget: usize,
         /// What it was sent: each write's register, each read-back's
@@ -384,6 +474,7 @@ mod tests {
                 holding: BTreeMap::new(),
                 ignores: Vec::new(),
                 silent: false,
+                refuses: None,
                 budget: 100,
                 writes: Vec::new(),
                 reads: Vec::new(),
@@ -445,6 +536,9 @@ mod tests {
                     got: 0,
                     cut: false,
                 });
+            }
+            if let Some(code) = self.refuses {
+                return Err(RtuError::Refused { op, code });
             }
             for (i, w) in out.iter_mut().enumerate() {
                 *w = self
@@ -572,7 +666,72 @@ mod tests {
             console.contains("not asked: the step's time ran out"),
             "{console}"
         );
-        assert_eq!(why(&o, Setting::PumpsRun), None);
+        assert!(why(&o, Setting::PumpsRun).is_some(), "last read not held");
         assert!(change.is_none() && held.withholds());
+    }
+
+    /// Lead pump A tripped: pump B to run and lead, the CDU echoes both
+    /// writes but keeps A. The pumps stay not taken over steps whose
+    /// read-back fails or is not asked (so B, never started, is not
+    /// judged tripped), until a read-back reads them held, or the CDU
+    /// refuses the read-back itself (exception 1 or 2: its echo is all
+    /// there is). A write refused, with no read-back to say otherwise,
+    /// is taken on a later echo whose read-back fails.
+    #[test]
+    fn a_setting_read_back_not_held_stays_not_taken_over_a_read_back_that_fails_or_is_not_asked() {
+        let mut cdu = Cdu::new();
+        let mut held = SafetyHeld::default();
+        cdu.step(&plan(0b1111), &mut held);
+        let mut b = plan(0b1111);
+        b.writes[1].value = 2.0;
+        b.writes[2].value = 1.0;
+        cdu.ignores = std::vec!["pumps_run", "lead_pump"];
+        let (o, _, _) = cdu.step(&b, &mut held);
+        assert!(!o.taken().pumps && held.withholds());
+        let not_taken = |o: &Outcome| {
+            [Setting::PumpsRun, Setting::LeadPump]
+                .map(|s| why(o, s).is_some_and(|w| w.contains("not read back since")))
+        };
+        // No answer, a bad answer (busy), no time: not taken, and said.
+        cdu.silent = true;
+        let (o, _, console) = cdu.step(&b, &mut held);
+        assert_eq!(not_taken(&o), [true, true], "{:?} {console}", o.tried);
+        assert!(why(&o, Setting::LeadPump).is_some());
+        assert!(!o.taken().pumps && o.taken().valves);
+        assert_eq!(
+            why(&o, Setting::LeadPump).as_deref(),
+            Some(
+                "lead_pump at holding 2 last read back word 0, not the word 1 written; \
+                 not read back since: not taken"
+            )
+        );
+        cdu.silent = false;
+        cdu.refuses = Some(6);
+        let (o, _, _) = cdu.step(&b, &mut held);
+        assert_eq!(not_taken(&o), [true, true]);
+        cdu.refuses = None;
+        cdu.budget = 5;
+        let (o, _, _) = cdu.step(&b, &mut held);
+        assert_eq!(not_taken(&o), [true, true]);
+        assert!(held.withholds());
+        // A CDU that serves no function 3: the echo is taken.
+        cdu.budget = 100;
+        cdu.refuses = Some(1);
+        let (o, _, _) = cdu.step(&b, &mut held);
+        assert!(o.taken().pumps, "{:?}", o.tried);
+        // Read back held: taken, the heartbeat back from the next step.
+        cdu.refuses = None;
+        cdu.ignores.clear();
+        let (o, change, _) = cdu.step(&b, &mut held);
+        assert!(o.taken().pumps && change == Some(Change::HeldAgain));
+        // A write refused (its value past the register), then echoed
+        // with the read-back unanswered: taken on its echo.
+        let mut big = plan(0b1111);
+        big.writes[0].value = 70_000.0;
+        let (o, _, _) = cdu.step(&big, &mut held);
+        assert!(!o.taken().valves);
+        cdu.silent = true;
+        let (o, _, _) = cdu.step(&plan(0b1111), &mut held);
+        assert!(o.taken().valves && o.taken().pumps, "{:?}", o.tried);
     }
 }
