@@ -94,14 +94,23 @@ pub trait Ports {
     fn keep_clear(&mut self, t: &Taken) -> bool;
 }
 
-/// `d` as it prints, cut on a character boundary to a [`Said`].
+/// `d` as it prints, cut on a character boundary to a [`Said`], marked
+/// `…` when cut.
 pub fn said_words(d: &impl fmt::Display) -> Said {
+    const CUT: &str = "…";
     let w = cooling_decide::said::words(d);
-    let mut end = w.len().min(Said::new().capacity());
+    let room = Said::new().capacity();
+    if w.len() <= room {
+        return Said::try_from(w.as_str()).unwrap_or_default();
+    }
+    let mut end = room - CUT.len();
     while !w.is_char_boundary(end) {
         end -= 1;
     }
-    Said::try_from(&w[..end]).unwrap_or_default()
+    let mut said = Said::try_from(&w[..end]).unwrap_or_default();
+    // Fits: `end` leaves room for the mark.
+    let _ = said.push_str(CUT);
+    said
 }
 
 /// The wall clock as the gateway last gave it.

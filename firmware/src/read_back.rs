@@ -133,12 +133,23 @@ pub enum Change {
 impl fmt::Display for Change {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Change::NotHeld(n) => write!(
-                f,
-                "read back: {n}; the heartbeat is withheld until it does, so the CDU falls back to its own control"
-            ),
+            // Whole within a line to the gateway (`SAID_MAX`, 120 bytes),
+            // the heartbeat first.
+            Change::NotHeld(n) => {
+                write!(
+                    f,
+                    "heartbeat withheld, the CDU falls back: {} at holding {} reads back {}, not",
+                    n.setting.register(),
+                    n.address,
+                    Said(&n.held[..n.len])
+                )?;
+                for (i, w) in n.written[..n.len].iter().enumerate() {
+                    write!(f, "{}{w}", if i == 0 { " " } else { ", " })?;
+                }
+                Ok(())
+            }
             Change::HeldAgain => f.write_str(
-                "read back: the CDU holds its safety settings again; the heartbeat is written again",
+                "heartbeat written again: the CDU holds its safety settings again (read back)",
             ),
         }
     }
@@ -588,10 +599,11 @@ mod tests {
         assert_eq!(why(&o, Setting::Valves).as_deref(), Some(said));
         assert!(!o.taken().valves, "not taken");
         assert!(matches!(change, Some(Change::NotHeld(n)) if n.setting == Setting::Valves));
-        assert!(change
-            .unwrap()
-            .to_string()
-            .contains("heartbeat is withheld"));
+        assert_eq!(
+            change.unwrap().to_string(),
+            "heartbeat withheld, the CDU falls back: valves_open at holding 3 reads back \
+             word 15, not 11"
+        );
         assert_eq!(held.not_held, 1);
         // The next step writes no heartbeat, the rest as planned.
         let (o, change, _) = cdu.step(&plan(0b1011), &mut held);
@@ -668,6 +680,40 @@ mod tests {
         );
         assert!(why(&o, Setting::PumpsRun).is_some(), "last read not held");
         assert!(change.is_none() && held.withholds());
+    }
+
+    /// The gateway's line of a setting not held says the heartbeat is
+    /// withheld first, and is whole within a line's room, at the widest
+    /// words and address, for each safety setting.
+    #[test]
+    fn the_gateways_line_of_a_setting_not_held_says_the_heartbeat_is_withheld_whole() {
+        use crate::controller::said_words;
+        use loopwarden_link::message::SAID_MAX;
+        for (setting, len) in [
+            (Setting::Valves, 1),
+            (Setting::PumpsRun, 1),
+            (Setting::LeadPump, 1),
+            (Setting::Valves, 2),
+        ] {
+            let n = NotHeld {
+                setting,
+                address: u16::MAX,
+                written: [u16::MAX; 2],
+                held: [u16::MAX - 1; 2],
+                len,
+            };
+            let whole = Change::NotHeld(n).to_string();
+            let said = said_words(&Change::NotHeld(n));
+            assert!(whole.len() <= SAID_MAX, "{} bytes: {whole}", whole.len());
+            assert_eq!(said.as_str(), whole);
+            assert!(said.starts_with("heartbeat withheld"), "{said}");
+            assert!(said.contains(setting.register()) && said.contains("65534"));
+        }
+        let again = Change::HeldAgain.to_string();
+        assert!(
+            again.len() <= SAID_MAX && again.contains("heartbeat"),
+            "{again}"
+        );
     }
 
     /// Lead pump A tripped: pump B to run and lead, the CDU echoes both

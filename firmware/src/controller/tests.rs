@@ -23,6 +23,7 @@ use crate::outbound::{FrameBuffers, FramedPort};
 mod clears;
 mod facility;
 mod resend;
+mod said;
 mod status;
 
 /// The ports as the board has them: the trace in frames on a wire.
