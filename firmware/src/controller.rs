@@ -422,8 +422,9 @@ impl<'d> Controller<'d> {
 
     /// Step 5, its read-back (`crate::read_back`): the CDU does not hold
     /// a safety setting it echoed, the first of a run, or holds them all
-    /// again: said on the console and to the gateway, as a latched
-    /// record not kept is.
+    /// again; the read-back fails, the first of a run, or reads again:
+    /// said on the console and to the gateway, as a latched record not
+    /// kept is (a setting not held as an error).
     #[inline(never)]
     pub fn read_back_changed(&mut self, p: &mut impl Ports, c: &crate::read_back::Change) {
         let error = matches!(c, crate::read_back::Change::NotHeld(_));

@@ -33,7 +33,10 @@
 //! Linux: such a CDU would otherwise have its lead pump's trip never
 //! judged. After a run the CDU did not answer, the later runs are not
 //! asked (each would wait out its own timeout), as a read's later spans
-//! are not.
+//! are not. A read-back that fails is said on the console at each step,
+//! and to the gateway's log at the first of a run and when one reads
+//! back again ([`Change::Unread`], [`Change::ReadAgain`]), so a CDU
+//! whose read-back never works does not have the check silently off.
 //!
 //! Glossary:
 //! - *held*: the words a setting's registers read back.
@@ -118,6 +121,11 @@ pub struct SafetyHeld {
     /// their settings taken on their echo, but for those in `unheld`
     /// while the CDU serves the read-back.
     pub unread: u32,
+    /// The first failure of the last step whose read-back failed, while
+    /// none has read back since.
+    failing: Option<Unread>,
+    /// Whether the gateway was last told the read-back fails.
+    said_failing: bool,
 }
 
 /// A change of whether the CDU holds its safety settings, for the
@@ -128,6 +136,12 @@ pub enum Change {
     NotHeld(NotHeld),
     /// Every one found not held reads back held again.
     HeldAgain,
+    /// A read-back failed or was not asked, none failing before: the
+    /// settings are taken on their echo, whether the CDU holds them not
+    /// known (the first failure of the run).
+    Unread(Unread),
+    /// A read-back that failed before reads back again.
+    ReadAgain,
 }
 
 impl fmt::Display for Change {
@@ -151,6 +165,11 @@ impl fmt::Display for Change {
             Change::HeldAgain => f.write_str(
                 "heartbeat written again: the CDU holds its safety settings again (read back)",
             ),
+            Change::Unread(u) => write!(
+                f,
+                "read-back failing, safety settings taken on their echo: {u}"
+            ),
+            Change::ReadAgain => f.write_str("the CDU's safety settings read back again"),
         }
     }
 }
@@ -185,6 +204,24 @@ impl SafetyHeld {
             (true, None) => Some(Change::HeldAgain),
             _ => None,
         }
+    }
+
+    /// A step's read-back failed first with `failed`, or read every run
+    /// asked (`read_any`: a run was read). Whether the read-back fails,
+    /// as the gateway was last told, changed: the change, said once a
+    /// run (one that meets a change of what is held is said at a later
+    /// step).
+    fn news(&mut self, failed: Option<Unread>, read_any: bool, said: bool) -> Option<Change> {
+        if failed.is_some() {
+            self.failing = failed;
+        } else if read_any {
+            self.failing = None;
+        }
+        if said || self.said_failing == self.failing.is_some() {
+            return None;
+        }
+        self.said_failing = self.failing.is_some();
+        Some(self.failing.map_or(Change::ReadAgain, Change::Unread))
     }
 }
 
@@ -262,6 +299,7 @@ pub fn write_step<P: HoldingPort>(
     let mut read: heapless::Vec<Setting, SAFETY> = heapless::Vec::new();
     let mut found: heapless::Vec<NotHeld, SAFETY> = heapless::Vec::new();
     let mut unsure: heapless::Vec<Setting, SAFETY> = heapless::Vec::new();
+    let mut failed = None;
     let mut rest = &written[..];
     while !rest.is_empty() {
         let (n, words) = next_run(rest);
@@ -285,21 +323,14 @@ pub fn write_step<P: HoldingPort>(
             }
         };
         // After a run the CDU did not answer, the later ones are not asked.
-        let stops = !matches!(why, RunFailure::Port(RtuError::Refused { .. }));
+        let stops = !matches!(why, Unread::Port(RtuError::Refused { .. }));
         unread(run);
         if stops {
             unread(rest);
         }
+        failed.get_or_insert(why);
         let taken = |run| Taken { run, held, served };
-        let _ = match why {
-            RunFailure::Port(e) => writeln!(console, "{e}: {}", taken(run)),
-            RunFailure::OutOfTime => writeln!(
-                console,
-                "read back {}: not asked: the step's time ran out; {}",
-                Names(run),
-                taken(run)
-            ),
-        };
+        let _ = writeln!(console, "{why}: {}", taken(run));
         if stops {
             if !rest.is_empty() {
                 let _ = writeln!(
@@ -319,7 +350,8 @@ pub fn write_step<P: HoldingPort>(
         fail(&mut outcome, n.setting, &StillNotHeld(n));
     }
     let change = held.judge(&read, &found);
-    (outcome, change)
+    let news = held.news(failed, !read.is_empty(), change.is_some());
+    (outcome, change.or(news))
 }
 
 /// Records `why` as the failure of `s`'s write in `outcome`.
@@ -332,8 +364,8 @@ fn fail(outcome: &mut Outcome, s: Setting, why: &impl fmt::Display) {
 /// Whether a read-back failed as the CDU refusing to serve it at all
 /// (exception 1, illegal function, or 2, illegal data address): its
 /// settings' echo is all there is of them, and is taken.
-fn not_served(why: &RunFailure) -> bool {
-    matches!(why, RunFailure::Port(RtuError::Refused { code: 1 | 2, .. }))
+fn not_served(why: &Unread) -> bool {
+    matches!(why, Unread::Port(RtuError::Refused { code: 1 | 2, .. }))
 }
 
 /// A setting last read back not held whose read-back since failed or
@@ -379,12 +411,41 @@ impl fmt::Display for Taken<'_> {
 }
 
 /// Why a run was not read back.
-#[derive(Debug, Clone, Copy)]
-enum RunFailure {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unread {
     /// The CDU or the line failed it.
     Port(RtuError),
     /// Not asked: the step's time ran out.
-    OutOfTime,
+    OutOfTime {
+        /// The run's first setting's register, and its address.
+        first: &'static str,
+        /// Its last's.
+        last: &'static str,
+        /// The first register's address.
+        address: u16,
+    },
+}
+
+impl fmt::Display for Unread {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unread::Port(e) => write!(f, "{e}"),
+            Unread::OutOfTime {
+                first,
+                last,
+                address,
+            } => {
+                f.write_str("read back ")?;
+                if first != last {
+                    write!(f, "{first} to ")?;
+                }
+                write!(
+                    f,
+                    "{last} at holding {address}: not asked: the step's time ran out"
+                )
+            }
+        }
+    }
 }
 
 /// Reads back `run` (`words` registers from its first address).
@@ -392,14 +453,18 @@ fn read_run<P: HoldingPort>(
     port: &mut P,
     run: &[Written],
     words: usize,
-) -> Result<[u16; 2 * SAFETY], RunFailure> {
+) -> Result<[u16; 2 * SAFETY], Unread> {
     let mut held = [0u16; 2 * SAFETY];
-    if !port.time_left() {
-        return Err(RunFailure::OutOfTime);
-    }
     let (first, last) = (run[0].register, run[run.len() - 1].register);
+    if !port.time_left() {
+        return Err(Unread::OutOfTime {
+            first: first.name,
+            last: last.name,
+            address: first.address,
+        });
+    }
     port.read_holding(first, last, &mut held[..words])
-        .map_err(RunFailure::Port)?;
+        .map_err(Unread::Port)?;
     Ok(held)
 }
 
@@ -651,7 +716,11 @@ mod tests {
         let mut held = SafetyHeld::default();
         cdu.silent = true;
         let (o, change, console) = cdu.step(&plan(0b1111), &mut held);
-        assert!(o.all_ok() && change.is_none(), "taken on their echo");
+        assert!(o.all_ok(), "taken on their echo");
+        assert!(
+            matches!(change, Some(Change::Unread(_))),
+            "said to the gateway: {change:?}"
+        );
         assert!(
             console.contains("no whole answer within 200 ms")
                 && console.contains("taken as their write's echo said"),
@@ -680,6 +749,45 @@ mod tests {
         );
         assert!(why(&o, Setting::PumpsRun).is_some(), "last read not held");
         assert!(change.is_none() && held.withholds());
+    }
+
+    /// A read-back that fails (no answer, not asked for the step's time)
+    /// is said to the gateway at the first of a run, and again when one
+    /// reads back: otherwise a CDU whose read-back never works has the
+    /// check silently off.
+    #[test]
+    fn a_read_back_that_fails_is_said_to_the_gateway_at_the_first_of_a_run_and_when_it_works_again()
+    {
+        let mut cdu = Cdu::new();
+        let mut held = SafetyHeld::default();
+        cdu.silent = true;
+        let (_, change, _) = cdu.step(&plan(0b1111), &mut held);
+        let said = change.map(|c| c.to_string()).unwrap_or_default();
+        assert!(
+            said.starts_with("read-back failing") && said.contains("no whole answer"),
+            "{said}"
+        );
+        assert!(matches!(change, Some(Change::Unread(_))));
+        let (_, change, _) = cdu.step(&plan(0b1111), &mut held);
+        assert_eq!(change, None, "once a run");
+        cdu.silent = false;
+        cdu.budget = 5;
+        let (_, change, _) = cdu.step(&plan(0b1111), &mut held);
+        assert_eq!(change, None, "still failing");
+        cdu.budget = 100;
+        let (_, change, _) = cdu.step(&plan(0b1111), &mut held);
+        assert_eq!(change, Some(Change::ReadAgain));
+        assert!(Change::ReadAgain.to_string().contains("read back again"));
+        let (_, change, _) = cdu.step(&plan(0b1111), &mut held);
+        assert_eq!(change, None);
+        // Never asked (a CDU too slow for the step's time): said too.
+        cdu.budget = 5;
+        let (_, change, _) = cdu.step(&plan(0b1111), &mut held);
+        let said = change.map(|c| c.to_string()).unwrap_or_default();
+        assert!(
+            said.contains("not asked: the step's time ran out"),
+            "{said}"
+        );
     }
 
     /// The gateway's line of a setting not held says the heartbeat is
