@@ -421,8 +421,8 @@ impl<'d> Controller<'d> {
     }
 
     /// Step 5, its read-back (`crate::read_back`): the CDU does not hold
-    /// a safety setting it echoed, the first of a run, or holds them all
-    /// again; the read-back fails, the first of a run, or reads again:
+    /// a safety setting it echoed (at each change of which), or holds
+    /// them all again; the read-back fails, the first of a run, or reads again:
     /// said on the console and to the gateway, as a latched record not
     /// kept is (a setting not held as an error).
     #[inline(never)]

@@ -132,7 +132,8 @@ pub struct SafetyHeld {
 /// gateway's log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Change {
-    /// None was found not held before; this one is (the first of them).
+    /// Which settings are found not held changed, some still are: this
+    /// one (one that came in, else the first still not held).
     NotHeld(NotHeld),
     /// Every one found not held reads back held again.
     HeldAgain,
@@ -188,9 +189,12 @@ impl SafetyHeld {
 
     /// A read-back of `read` (the settings read back held or not) that
     /// found `found` not held: one read held leaves, one found not held
-    /// comes in (or is renewed). The change, if any.
+    /// comes in (or is renewed). The change of which are not held, if
+    /// any: naming one that came in, else the first still not held.
     fn judge(&mut self, read: &[Setting], found: &[NotHeld]) -> Option<Change> {
         let was = self.withholds();
+        let before: heapless::Vec<Setting, SAFETY> =
+            self.unheld.iter().map(|u| u.setting).collect();
         self.unheld.retain(|u| !read.contains(&u.setting));
         for n in found {
             // At most one of each safety setting: the push cannot fail.
@@ -199,9 +203,12 @@ impl SafetyHeld {
         if !found.is_empty() {
             self.not_held = self.not_held.wrapping_add(1);
         }
-        match (was, self.unheld.first()) {
-            (false, Some(n)) => Some(Change::NotHeld(*n)),
+        let same = self.unheld.len() == before.len()
+            && self.unheld.iter().all(|u| before.contains(&u.setting));
+        let came = self.unheld.iter().find(|u| !before.contains(&u.setting));
+        match (was, came.or(self.unheld.first())) {
             (true, None) => Some(Change::HeldAgain),
+            (_, Some(n)) if !same => Some(Change::NotHeld(*n)),
             _ => None,
         }
     }
@@ -788,6 +795,47 @@ mod tests {
             said.contains("not asked: the step's time ran out"),
             "{said}"
         );
+    }
+
+    /// Each change of which settings the CDU does not hold is said to
+    /// the gateway, naming one that came in (else one still not held),
+    /// so its last word never blames a setting held again.
+    #[test]
+    fn a_change_of_the_settings_not_held_is_said_naming_the_new_one() {
+        let mut cdu = Cdu::new();
+        let mut held = SafetyHeld::default();
+        cdu.step(&plan(0b1111), &mut held);
+        let named = |c: Option<Change>| match c {
+            Some(Change::NotHeld(n)) => Some(n.setting),
+            _ => None,
+        };
+        let mut lead_b = plan(0b1011);
+        lead_b.writes[2].value = 1.0;
+        cdu.ignores = std::vec!["valves_open"];
+        let (_, change, _) = cdu.step(&plan(0b1011), &mut held);
+        assert_eq!(named(change), Some(Setting::Valves));
+        // Both not held: the lead pump said.
+        cdu.ignores.push("lead_pump");
+        let (_, change, _) = cdu.step(&lead_b, &mut held);
+        assert_eq!(named(change), Some(Setting::LeadPump));
+        let (_, change, _) = cdu.step(&lead_b, &mut held);
+        assert_eq!(change, None, "no change");
+        // The valves held again, the lead pump still not.
+        cdu.ignores = std::vec!["lead_pump"];
+        let (_, change, _) = cdu.step(&lead_b, &mut held);
+        assert_eq!(named(change), Some(Setting::LeadPump));
+        assert!(held.withholds());
+        // The valves not held again while the lead pump is not.
+        cdu.ignores.push("valves_open");
+        let (_, change, _) = cdu.step(&lead_b, &mut held);
+        assert_eq!(change, None, "the valves written 0b1011, held");
+        let mut open = lead_b.clone();
+        open.writes[0].value = 15.0;
+        let (_, change, _) = cdu.step(&open, &mut held);
+        assert_eq!(named(change), Some(Setting::Valves));
+        cdu.ignores.clear();
+        let (_, change, _) = cdu.step(&open, &mut held);
+        assert_eq!(change, Some(Change::HeldAgain));
     }
 
     /// The gateway's line of a setting not held says the heartbeat is
