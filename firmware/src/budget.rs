@@ -18,8 +18,12 @@
 //! takes, up to its worst, they have had their time. It is asked, as any
 //! transaction, while the step has time for the least one, and its wait
 //! ends at the step's end: a CDU that answers in 60 ms gets both reads,
-//! the six writes and the read-back in a step
-//! (`a_cdu_that_answers_in_60_ms_gets_both_reads_every_write_and_the_read_back_of_a_step`).
+//! the six writes and the read-back in a step, one answering in 85 ms
+//! the six writes but not the read-back, and at no answer time does the
+//! read-back go before a write or cost one (the step's writes and
+//! read-back driven through [`crate::read_back::write_step`] on a timed
+//! port:
+//! `a_cdu_that_answers_in_60_ms_gets_both_reads_every_write_and_the_read_back_of_a_step`).
 //! A step with no time left for it does not ask it (its settings are
 //! taken on their echo, said as the step's time ran out), and the next
 //! step does not ask it before its writes: at its worst it would leave
@@ -209,6 +213,15 @@ pub fn closings(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::string::String;
+    use std::vec::Vec;
+
+    use cooling_decide::{Plan, Setting, Write};
+
+    use crate::map::Register;
+    use crate::read_back::{write_step, HoldingPort, SafetyHeld};
+    use crate::rtu::RtuError;
+    use crate::writes::SettingPort;
 
     const TIMEOUT: u32 = 200_000;
 
@@ -247,37 +260,127 @@ mod tests {
         assert!(!b.transaction_fits(801_000 - tx().least_us + 1));
     }
 
+    /// A CDU on the reference line (19,200 baud, a character 521 µs, the
+    /// gap 1,823 µs) that answers `answer_us` after each request, the
+    /// step's two reads already taken (each at the longest: 17 bytes out,
+    /// 27 back); what the step then sends, in order, within its budget.
+    struct Timed {
+        budget: StepBudget,
+        now: u64,
+        answer_us: u64,
+        sent: Vec<&'static str>,
+    }
+
+    impl Timed {
+        fn new(answer_us: u64) -> Self {
+            let read = 1_823 + (17 + 27) * 521 + answer_us;
+            Self {
+                budget: StepBudget::new(0, 800_000, tx()),
+                now: 2 * read,
+                answer_us,
+                sent: Vec::new(),
+            }
+        }
+
+        /// One transaction: `out` bytes sent, `back` bytes answered.
+        fn go(&mut self, out: u64, back: u64) {
+            self.now += 1_823 + (out + back) * 521 + self.answer_us;
+        }
+    }
+
+    impl SettingPort for Timed {
+        type Error = &'static str;
+        fn write(&mut self, r: &Register, words: &[u16]) -> Result<(), &'static str> {
+            // Function 6 (8 out, its echo 8 back), or 16 for two words.
+            let out = if words.len() == 1 {
+                8
+            } else {
+                9 + 2 * words.len() as u64
+            };
+            self.go(out, 8);
+            self.sent.push(r.name);
+            Ok(())
+        }
+        fn time_left(&mut self) -> bool {
+            self.budget.transaction_fits(self.now)
+        }
+    }
+
+    impl HoldingPort for Timed {
+        fn read_holding(
+            &mut self,
+            _: &Register,
+            _: &Register,
+            out: &mut [u16],
+        ) -> Result<(), RtuError> {
+            self.go(8, 5 + 2 * out.len() as u64);
+            self.sent.push("read back");
+            Ok(())
+        }
+    }
+
+    /// One step's writes and read-back ([`crate::read_back::write_step`])
+    /// at a CDU answering in `answer_ms`: what went, and the console.
+    fn step(answer_ms: u64) -> (Vec<&'static str>, String) {
+        let values = [15.0, 1.0, 0.0, 7.0, 80.0, 30.13];
+        let plan = Plan {
+            writes: (Setting::ORDER.iter().zip(values))
+                .map(|(s, v)| Write {
+                    setting: *s,
+                    value: v,
+                })
+                .collect(),
+        };
+        let mut port = Timed::new(answer_ms * 1_000);
+        let mut console = String::new();
+        write_step(&mut port, &plan, &mut SafetyHeld::default(), &mut console);
+        (port.sent, console)
+    }
+
+    const WRITES: [&str; 6] = [
+        "valves_open",
+        "pumps_run",
+        "lead_pump",
+        "heartbeat",
+        "pump_speed",
+        "supply_setpoint",
+    ];
+
     #[test]
     fn a_cdu_that_answers_in_60_ms_gets_both_reads_every_write_and_the_read_back_of_a_step() {
-        // Two reads and six writes (valves, pumps, lead, heartbeat, speed,
-        // setpoint), then the read-back of the safety writes, each its
-        // silence, 17 bytes out, 60 ms, 27 bytes back.
-        let each = 1_823 + 44 * 521 + 60_000;
-        let sent = |budget: &dyn Fn(u64) -> bool| {
-            let mut now = 0;
-            let mut sent = 0;
-            while sent < 9 && budget(now) {
-                now += each;
-                sent += 1;
+        // After both reads, the six writes, then the read-back (one run).
+        let (sent, _) = step(60);
+        assert_eq!(sent[..6], WRITES);
+        assert_eq!(sent[6..], ["read back"]);
+        // At 85 ms the writes all go, the read-back does not: it is the
+        // one the step's time runs out on, said so.
+        let (sent, console) = step(85);
+        assert_eq!(sent, WRITES);
+        assert!(
+            console.contains("not asked: the step's time ran out"),
+            "{console}"
+        );
+        // At every answer time, the read-back goes only after all six
+        // writes, and last: it never costs the heartbeat or the writes
+        // after it.
+        for ms in 0..=200 {
+            let (sent, _) = step(ms);
+            if let Some(at) = sent.iter().position(|s| *s == "read back") {
+                assert_eq!(sent[..at], WRITES, "{ms} ms");
+                assert_eq!(at + 1, sent.len(), "{ms} ms");
             }
-            sent
-        };
-        let b = StepBudget::new(0, 800_000, tx());
-        assert_eq!(sent(&|now| b.transaction_fits(now)), 9);
-        // The read-back comes last: at a CDU slower still, its time runs
-        // out before any write's does.
-        let slower = 1_823 + 44 * 521 + 70_000;
-        let mut now = 0;
-        let mut slow = 0;
-        while b.transaction_fits(now) {
-            now += slower;
-            slow += 1;
+            assert!(sent.len() <= 7, "{ms} ms: {sent:?}");
         }
-        assert_eq!(slow, 8, "the writes all go, the read-back does not");
         // Planned at each one's worst, the heartbeat and what follows it
-        // would never go.
+        // would never go after the two reads.
         let worst = tx().worst_us;
-        assert_eq!(sent(&|now| now + worst <= 800_000), 5);
+        let mut now = 0;
+        let mut planned = 0;
+        while now + worst <= 800_000 {
+            now += 1_823 + (17 + 27) * 521 + 60_000;
+            planned += 1;
+        }
+        assert_eq!(planned, 5, "two reads, then the valves, pumps and lead");
     }
 
     #[test]
