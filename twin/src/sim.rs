@@ -61,11 +61,13 @@ pub struct Summary {
     pub it_kwh: f64,
     /// Facility energy, kWh.
     pub facility_kwh: f64,
-    /// Facility energy / IT energy.
+    /// Facility energy / IT energy (infinite, `null` in JSON, with no IT
+    /// energy).
     pub pue: f64,
     /// Work done, GPU-hours at w = 1.
     pub work_gpu_h: f64,
-    /// Facility kWh per work-GPU-hour.
+    /// Facility kWh per work-GPU-hour (infinite, `null` in JSON, for a
+    /// run that did no work).
     pub kwh_per_work_gpu_h: f64,
     /// Hottest junction, °C.
     pub max_gpu_temp_c: f64,
@@ -101,12 +103,14 @@ pub struct Summary {
     pub valve_feedback_alarms: u32,
 }
 
-/// `a / b`, 0 where there is no `b` (a run with no IT or no work).
+/// `a / b`, infinite where there is no `b` (a run with no IT or no
+/// work: its energy bought nothing, the worst figure, never the best;
+/// `null` in the summary's JSON).
 pub(crate) fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 {
         a / b
     } else {
-        0.0
+        f64::INFINITY
     }
 }
 
@@ -730,6 +734,21 @@ all = [[0, 0.3], [300, 0.9]]
         let s = scenario("[[fault]]\nat_s = 600\nkind = \"pump_trip\"\ntarget = \"A\"\n");
         let r = run("t", &s, &mut Baseline::new(32.0, 2), None, 10).unwrap();
         assert!(r.slowdown_episodes > 0 && r.shutdowns > 0, "{r:?}");
+    }
+
+    #[test]
+    fn a_run_that_does_no_work_costs_infinitely_much_per_unit_of_work() {
+        let mut idle = scenario("");
+        idle.load_all = crate::scenario::Curve(vec![[0.0, 0.0]]);
+        idle.duration_s = 300;
+        let r = run("t", &idle, &mut Baseline::new(32.0, 2), None, 60).unwrap();
+        assert_eq!(r.work_gpu_h, 0.0);
+        assert!(r.facility_kwh > 0.0);
+        assert_eq!(r.kwh_per_work_gpu_h, f64::INFINITY, "{r:?}");
+        let busy = run("t", &scenario(""), &mut Baseline::new(32.0, 2), None, 60).unwrap();
+        assert!(busy.kwh_per_work_gpu_h < r.kwh_per_work_gpu_h);
+        assert_eq!(ratio(1.0, 0.0), f64::INFINITY);
+        assert_eq!(ratio(3.0, 2.0), 1.5);
     }
 
     #[test]
