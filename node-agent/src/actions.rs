@@ -7,10 +7,12 @@
 //! replaced inside single arguments, so no text of a reason or an evidence
 //! can add an argument or a command. Each runs once per decision, with a
 //! timeout after which it is killed; its outcome is logged and published
-//! (a `quarantine_action` or `cooling_action` event). One that did not end
-//! well before a restart (cut by a crash, or failed) runs again after it
-//! (`shell::quarantine`, `shell::cooling`): drains and taints are
-//! idempotent, a lost one leaves the scheduler unaware.
+//! (a `quarantine_action` or `cooling_action` event). A cooling-loss step
+//! that did not end well before a restart (cut by a crash, or failed) runs
+//! again after it (`shell::cooling`), and the actions of every GPU still
+//! quarantined run again at every start, done or not, since the scheduler
+//! may have lifted their drain meanwhile (`shell::quarantine`): drains
+//! and taints are idempotent, a lost one leaves the scheduler unaware.
 //!
 //! A quarantine's actions that failed, and a cooling-loss drain that
 //! failed, also run again while the agent runs, after a wait that doubles

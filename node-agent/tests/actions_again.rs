@@ -352,13 +352,19 @@ fn a_failed_quarantine_action_runs_again_after_a_backoff_until_it_ends_well() {
     // Its retry ended well: `ctl status` shows no failure left.
     let status = status_once(&agent, 3, |a| a["last_failure"].is_null());
     assert!(status["site_actions"]["last_failure"].is_null(), "{status}");
-    // Done: not run again, here nor at the next start.
+    // Done: not run again while the agent runs; the next start knows it
+    // done (and runs it again, the GPU still quarantined).
     let more = events_until(&mut sub, 2, |ev| !quarantine_outcomes(ev, 0).is_empty());
     assert_eq!(quarantine_outcomes(&more, 0), []);
     agent.crash();
-    let _agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    let agent = rig.spawn_twin_process(ENTRY, 2, &f);
     std::thread::sleep(Duration::from_millis(1_500));
-    assert_eq!(lines(&log), ["quarantine 0"; 3], "done, not run again");
+    assert_eq!(lines(&log), ["quarantine 0"; 4]);
+    let text = agent.log_text();
+    assert!(
+        text.contains("GPU 0: quarantined still at this start"),
+        "{text}"
+    );
 }
 
 /// A cooling-loss drain that fails runs again while the agent runs, with

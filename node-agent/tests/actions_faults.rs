@@ -40,7 +40,8 @@ fn agent_process() {
 
 /// An agent killed while its quarantine action ran (the quarantine kept
 /// in flash, the action's outcome not known) runs the action again after
-/// its restart, and once that one ended well, not again at the next.
+/// its restart; once that one ended well, the next start knows it done
+/// (it runs it again all the same, the GPU still quarantined).
 #[test]
 fn a_quarantine_cut_by_a_crash_runs_its_actions_again_after_the_restart() {
     let Some(rig) = Rig::start("f1") else {
@@ -68,12 +69,54 @@ fn a_quarantine_cut_by_a_crash_runs_its_actions_again_after_the_restart() {
     wait_for(&log, "ran 1", 5);
     let ev = events_until(&mut sub, 5, |ev| !quarantine_outcomes(ev, 1).is_empty());
     assert_eq!(quarantine_outcomes(&ev, 1), [(true, Some(0))]);
-    // Its outcome is kept before it is published: a crash now does not
-    // run it a third time.
+    // Its outcome is kept before it is published: the start after a
+    // crash now knows it done.
     agent.crash();
-    let _agent = rig.spawn_twin_process(ENTRY, 2, &action(&notes));
+    let agent = rig.spawn_twin_process(ENTRY, 2, &action(&notes));
     std::thread::sleep(Duration::from_millis(1_500));
-    assert_eq!(lines(&log), ["started 1", "ran 1"], "once done, not again");
+    assert_eq!(lines(&log), ["started 1", "ran 1", "ran 1"]);
+    let text = agent.log_text();
+    assert!(
+        text.contains("GPU 1: quarantined still at this start"),
+        "{text}"
+    );
+    // Said of the second start alone (the log holds every start's).
+    let not_done = text.matches("not known to have ended well").count();
+    assert_eq!(not_done, 1, "{text}");
+}
+
+/// A quarantine whose actions ended well runs them again at every start
+/// while the GPU stays quarantined: the scheduler may have put the node
+/// back in service since (a reboot with `nextstate=RESUME`, a cold start
+/// of its controller, an operator's RESUME), and a drain run again does
+/// no harm. The log says why.
+#[test]
+fn a_gpu_still_quarantined_at_a_start_has_its_actions_run_again() {
+    let Some(rig) = Rig::start("fc") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let f = flags(&[
+        "--quarantine-action",
+        &format!("{} gpu-{{gpu}}", notes.display()),
+    ]);
+    let mut sub = rig.subscribe(&["event"]);
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    agent.xids(&[(1, 79)]);
+    let ev = events_until(&mut sub, 5, |ev| !quarantine_outcomes(ev, 1).is_empty());
+    assert_eq!(quarantine_outcomes(&ev, 1), [(true, Some(0))]);
+    let (status, _) = agent.terminate(Duration::from_secs(12));
+    assert!(status.success(), "{status}");
+    let agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    let ev = events_until(&mut sub, 5, |ev| !quarantine_outcomes(ev, 1).is_empty());
+    assert_eq!(quarantine_outcomes(&ev, 1), [(true, Some(0))]);
+    assert_eq!(lines(&log), ["ran gpu-1"; 2], "run again at the start");
+    let text = agent.log_text();
+    assert!(
+        text.contains("GPU 1: quarantined still at this start"),
+        "{text}"
+    );
 }
 
 /// An agent on twin GPUs whose cooling step `hanging` (`drain` or
@@ -523,18 +566,32 @@ fn a_clean_stop_waits_for_the_running_actions_and_keeps_their_outcomes() {
             (CoolingStep::PowerDown, true, Some(0))
         ]
     );
-    // The next start runs none of them again, but for the power-down:
-    // the host runs again in the phase "powered down" with the CDU still
-    // saying the rack has no cooling, so it is powered down again, once.
+    // The next start knows them done: it runs again the power-down (the
+    // host runs again in the phase "powered down" with the CDU still
+    // saying the rack has no cooling, so it is powered down again, once)
+    // and the actions of the GPU still quarantined, not the drain.
     let before = read(&log);
-    let _agent = rig.spawn_twin_process(ENTRY, 2, &f);
-    let again = format!("{before}ran power_down f6 2\n");
+    let agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    let want = ["done gpu-1", "ran power_down f6 2", "started gpu-1"];
+    let again = || {
+        let mut new: Vec<String> = read(&log)[before.len()..]
+            .lines()
+            .map(String::from)
+            .collect();
+        new.sort();
+        new
+    };
     let end = Instant::now() + Duration::from_secs(8);
-    while read(&log) != again && Instant::now() < end {
+    while again() != want && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(read(&log), again, "only the power-down runs again");
+    assert_eq!(again(), want, "run again at the start");
+    let text = agent.log_text();
+    assert!(
+        text.contains("GPU 1: quarantined still at this start"),
+        "{text}"
+    );
 }
 
 /// In a storm the console's `events` does not wait behind the flash

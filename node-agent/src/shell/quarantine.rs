@@ -11,11 +11,11 @@
 //!
 //! A quarantine's actions are *done* once every one of them ended well:
 //! then the quarantine's stamp is kept in flash beside the GPU's health
-//! (before the last outcome is published). At the start, a GPU kept
-//! quarantined whose quarantine is not known done (the agent was killed
-//! while its actions ran or before they started, or one failed) has its
-//! actions run again: a drain or a taint run twice does no harm, one never
-//! run leaves the scheduler unaware. A cooling-loss resume lifts every
+//! (before the last outcome is published). At the start, every GPU kept
+//! quarantined has its actions run again, known done or not ([`kept`]):
+//! a drain or a taint run twice does no harm, one never run (the agent
+//! killed while they ran, one failed) or lifted since (a reboot that
+//! resumed the node) leaves the scheduler unaware. A cooling-loss resume lifts every
 //! drain: before its command starts, the quarantines in force are kept as
 //! known done no more (a run then in flight is not done when it ends
 //! well), and once it ended their actions run again, so a restart before
@@ -48,6 +48,9 @@ use loopwarden_protocol::{Event, HealthState};
 use loopwarden_store::agent_flash::Flash;
 pub(super) use loopwarden_store::check::{check_of, checked};
 use node_core::node::Input;
+
+mod kept;
+pub(super) use kept::not_done;
 
 use super::{Agent, RECENT_XIDS};
 use crate::actions;
@@ -319,43 +322,6 @@ async fn move_claimed(
         .map_err(|e| format!("{index_key}: {e:?}"))
 }
 
-/// The GPUs kept quarantined (`health`; `uuids`: every GPU's, in index
-/// order) whose quarantine's actions are not known done (a stamp other
-/// than theirs, or none, kept as [`Record::Done`]).
-pub(super) async fn not_done(
-    store: &mut ConfigStore<Flash>,
-    health: &node_core::health::HealthEngine,
-    uuids: &[&str],
-) -> Vec<u8> {
-    let mut gpus = Vec::new();
-    for gpu in 0..health.len() as u8 {
-        let Some(st) = health.status(gpu) else {
-            continue;
-        };
-        if st.state != HealthState::Quarantined {
-            continue;
-        }
-        let id = uuids.get(gpu as usize).and_then(|u| super::identity(u));
-        let done = match id {
-            Some(id) => match read_kept(store, Record::Done, id).await {
-                Ok(Some(stamp)) => <[u8; 8]>::try_from(stamp.as_slice())
-                    .ok()
-                    .map(u64::from_le_bytes),
-                Ok(None) => None,
-                Err(e) => {
-                    tracing::error!("GPU {gpu}: whether its quarantine actions ran is unreadable ({e}): taken as not");
-                    None
-                }
-            },
-            None => None,
-        };
-        if done != Some(st.since.0) {
-            gpus.push(gpu);
-        }
-    }
-    gpus
-}
-
 impl Agent {
     /// An XID from the driver: kept for `why`, and decided by the node.
     pub(super) async fn on_xid(&mut self, x: XidReport) {
@@ -550,20 +516,6 @@ impl Agent {
                 }
             }
         }));
-    }
-
-    /// At the start: the actions of each GPU kept quarantined whose
-    /// actions are not known done run again.
-    pub(super) fn resume_actions(&mut self, gpus: &[u8]) {
-        if self.config.quarantine_actions.is_empty() {
-            return;
-        }
-        for &gpu in gpus {
-            self.run_actions_again(
-                gpu,
-                "quarantined before the restart, its actions not known to have ended well",
-            );
-        }
     }
 
     /// Runs the actions of `gpu`'s quarantine in force again, saying why.
