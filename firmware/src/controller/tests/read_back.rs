@@ -1,0 +1,110 @@
+//! The read-back's verdict through the decision path: a pump handover
+//! the CDU echoed but never ran, then a read-back that fails.
+
+use std::collections::BTreeMap;
+use std::string::String;
+use std::vec::Vec;
+
+use super::*;
+use crate::map::Register;
+use crate::read_back::{write_step, HoldingPort, SafetyHeld};
+use crate::rtu::{Op, OpKind, RtuError};
+use crate::writes::SettingPort;
+
+/// A CDU that echoes every write, holds those not `ignored`, and answers
+/// the read-back unless `silent`.
+#[derive(Default)]
+struct Echoes {
+    holding: BTreeMap<u16, u16>,
+    ignored: Vec<&'static str>,
+    silent: bool,
+}
+
+impl SettingPort for Echoes {
+    type Error = String;
+    fn write(&mut self, r: &Register, words: &[u16]) -> Result<(), String> {
+        if !self.ignored.contains(&r.name) {
+            for (i, w) in words.iter().enumerate() {
+                self.holding.insert(r.address + i as u16, *w);
+            }
+        }
+        Ok(())
+    }
+    fn time_left(&mut self) -> bool {
+        true
+    }
+}
+
+impl HoldingPort for Echoes {
+    fn read_holding(
+        &mut self,
+        first: &Register,
+        last: &Register,
+        out: &mut [u16],
+    ) -> Result<(), RtuError> {
+        if self.silent {
+            let op = Op {
+                kind: OpKind::ReadHolding,
+                unit: 1,
+                address: first.address,
+                count: out.len() as u16,
+                first: first.name,
+                last: last.name,
+                sent: [0; 2],
+            };
+            return Err(RtuError::NoAnswer {
+                op,
+                after_us: 200_000,
+                got: 0,
+                cut: false,
+            });
+        }
+        for (i, w) in out.iter_mut().enumerate() {
+            *w = (self.holding.get(&(first.address + i as u16)).copied()).unwrap_or(0);
+        }
+        Ok(())
+    }
+}
+
+/// Lead pump A trips at 10 s; the CDU echoes "B to run and lead" but
+/// runs neither, and once the read-back has found that, it answers no
+/// read-back. B, which the CDU never started, is not judged tripped (so
+/// not both pumps are taken out of service), and the heartbeat stays
+/// withheld, so the CDU falls back to its own control.
+#[test]
+fn a_pump_handover_the_cdu_echoed_but_never_ran_is_not_judged_a_trip_when_its_read_back_fails() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    let (mut board, mut held) = (Echoes::default(), SafetyHeld::default());
+    let mut console = String::new();
+    let mut found_not_held = false;
+    for s in 0..40u64 {
+        let mut m = cdu(0b1111, 0);
+        if s >= 10 {
+            m.pumps_running = [Some(false), Some(false)];
+            m.pump_faults = [Some(true), Some(false)];
+            board.ignored = std::vec!["pumps_run", "lead_pump"];
+        }
+        found_not_held |= held.withholds();
+        board.silent = found_not_held;
+        c.step(p, Some(m), s * 1000);
+        if c.to_keep(p).is_some() {
+            c.kept(p, true);
+        }
+        let plan = c.plan(p);
+        let (o, change) = write_step(&mut board, &plan, &mut held, &mut console);
+        if let Some(change) = change {
+            c.read_back_changed(p, &change);
+        }
+        c.written(p, o);
+        c.report(p, s * 1000, true);
+    }
+    assert!(found_not_held, "the handover read back not held");
+    let faults = c.decider().core().pump_faults();
+    assert!(faults[0].is_some(), "A tripped");
+    assert_eq!(faults[1], None, "B judged tripped: {console}");
+    assert!(held.withholds() && held.unread > 20);
+}
