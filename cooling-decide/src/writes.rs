@@ -211,6 +211,15 @@ pub struct Outcome {
     /// Each write tried, with the CDU's answer (`Err`: why it failed, as
     /// the shell said it, cut to [`crate::said::WORDS`] bytes).
     pub tried: Vec<(Setting, Result<(), Words>), MAX_WRITES>,
+    /// Writes that went in on their echo alone, with why they are not
+    /// known taken: the setting's last write did not go in and no
+    /// read-back has read it held since (the shell's read-back failed).
+    /// Each still counts as taken on its own ([`Outcome::taken`]: its
+    /// echo is all there is of it, so a lead pump's trip is judged and a
+    /// valve word recorded), but not every setting is
+    /// ([`Outcome::all_ok`]: the CDU is reported as not taking its
+    /// writes).
+    pub unsure: Vec<(Setting, Words), MAX_WRITES>,
 }
 
 /// A write that failed, and why.
@@ -229,13 +238,15 @@ impl Display for WriteError {
 }
 
 impl Outcome {
-    /// Every write of the plan went in (or the plan had none to fail).
+    /// Every write of the plan went in and is known taken (or the plan
+    /// had none to fail): none failed, none is [`Outcome::unsure`].
     pub fn all_ok(&self) -> bool {
-        self.tried.iter().all(|(_, r)| r.is_ok())
+        self.tried.iter().all(|(_, r)| r.is_ok()) && self.unsure.is_empty()
     }
 
     /// What the CDU took, setting by setting: one that failed did not go
-    /// in; one not tried (not in the map) counts as in.
+    /// in; one not tried (not in the map), or gone in on its echo alone
+    /// ([`Outcome::unsure`]), counts as in.
     pub fn taken(&self) -> cooling_core::Taken {
         let failed = |setting| self.tried.iter().any(|(s, r)| *s == setting && r.is_err());
         cooling_core::Taken {
@@ -267,10 +278,17 @@ impl Outcome {
         }
     }
 
-    /// The first failure.
+    /// The first failure (else the first setting not known taken,
+    /// [`Outcome::unsure`]).
     pub fn first_error(&self) -> Option<WriteError> {
-        self.tried.iter().find_map(|(s, r)| {
+        let failed = self.tried.iter().find_map(|(s, r)| {
             r.as_ref().err().map(|why| WriteError {
+                setting: *s,
+                why: why.clone(),
+            })
+        });
+        failed.or_else(|| {
+            self.unsure.first().map(|(s, why)| WriteError {
                 setting: *s,
                 why: why.clone(),
             })
@@ -285,6 +303,7 @@ impl Outcome {
             tried: (plan.writes.iter())
                 .map(|w| (w.setting, answer.clone()))
                 .collect(),
+            unsure: Vec::new(),
         }
     }
 }

@@ -247,15 +247,16 @@ impl<P: CduPort> Devices<P> {
 
     /// Keeps [`Devices::not_taken`] after a step's `outcome`: a setting
     /// that failed joins it; one that went in leaves it when its read-back
-    /// was tried (`read_back`; one that failed is in `outcome` as not
-    /// taken), or it needs none (the heartbeat).
+    /// was tried and did not leave it unsure (`read_back`;
+    /// [`Outcome::unsure`]), or it needs none (the heartbeat).
     fn judge_taken(&mut self, outcome: &Outcome, read_back: bool) {
+        let unsure = |s: &Setting| outcome.unsure.iter().any(|(t, _)| t == s);
         for (s, r) in &outcome.tried {
             if r.is_err() {
                 if !self.not_taken.contains(s) {
                     self.not_taken.push(*s);
                 }
-            } else if read_back || *s == Setting::Heartbeat {
+            } else if (read_back && !unsure(s)) || *s == Setting::Heartbeat {
                 self.not_taken.retain(|t| t != s);
             }
         }
@@ -264,11 +265,13 @@ impl<P: CduPort> Devices<P> {
     /// The step's read-back of the writes that went in
     /// ([`CduPort::read_back`]): a setting the CDU does not hold is
     /// recorded as not taken. A read-back that failed leaves its settings
-    /// as their echo said (taken), but for one whose last write did not
-    /// go in ([`Devices::not_taken`]; the CDU refusing to serve the
-    /// read-back at all, [`not_served`], aside): it is counted as a read
-    /// error and logged once per change of its text
-    /// ([`Devices::judge_read_back`]).
+    /// as their echo said (taken): it is counted as a read error and
+    /// logged once per change of its text ([`Devices::judge_read_back`]).
+    /// One of them whose last write did not go in ([`Devices::not_taken`];
+    /// the CDU refusing to serve the read-back at all, [`not_served`],
+    /// aside) is taken on its echo still, but recorded as not known taken
+    /// ([`Outcome::unsure`]): the step's writes are reported as not all
+    /// taken, and the failure counted and logged.
     async fn read_back(
         &mut self,
         plan: &Plan,
@@ -289,26 +292,26 @@ impl<P: CduPort> Devices<P> {
         let back = self.cdu.read_back(&went_in).await;
         self.judge_read_back(&back.unread, stats);
         self.judge_safety_held(&went_in, &back);
-        let mut not_taken = |s: Setting, why: &str| {
-            first.get_or_insert_with(|| format!("{}: {why}", s.register()));
-            if let Some(tried) = outcome.tried.iter_mut().find(|(t, _)| *t == s) {
-                tried.1 = Err(crate::decide::said::words(&why));
-            }
-        };
         for (settings, e) in back.not_held {
             let why = e.to_string();
-            settings.into_iter().for_each(|s| not_taken(s, &why));
+            for s in settings {
+                first.get_or_insert_with(|| format!("{}: {why}", s.register()));
+                if let Some(tried) = outcome.tried.iter_mut().find(|(t, _)| *t == s) {
+                    tried.1 = Err(crate::decide::said::words(&why));
+                }
+            }
         }
-        // A setting not taken before whose read-back failed: not known
-        // taken, unless the CDU serves no read-back at all. The heartbeat
-        // is never read back (its echo is checked).
+        // A setting not taken before whose read-back failed: taken on its
+        // echo (what the decision path acts on), but not known taken,
+        // unless the CDU serves no read-back at all. The heartbeat is
+        // never read back (its echo is checked).
         let unsure = |s: &&Setting| **s != Setting::Heartbeat && self.not_taken.contains(s);
         for (settings, e) in back.unread.iter().filter(|(_, e)| !not_served(e)) {
             let why = format!("not read back since its write did not go in: {e}");
-            settings
-                .iter()
-                .filter(unsure)
-                .for_each(|s| not_taken(*s, &why));
+            for s in settings.iter().filter(unsure) {
+                first.get_or_insert_with(|| format!("{}: {why}", s.register()));
+                let _ = (outcome.unsure).push((*s, crate::decide::said::words(&why)));
+            }
         }
     }
 
@@ -513,6 +516,9 @@ impl<P> Devices<P> {
         e.beacon.judge("board pins: the beacon", lit, errors);
     }
 }
+
+#[cfg(test)]
+mod never_read_back;
 
 #[cfg(test)]
 mod tests {
@@ -903,13 +909,14 @@ mod tests {
         }
     }
 
-    /// A setting the CDU did not take stays not taken, and the write
-    /// failure in force, over a step whose read-back fails (exception 6,
-    /// busy): its echo alone does not say the CDU takes it again. Read
-    /// back held, it is taken and the failure's end said. A CDU that does
-    /// not serve the read-back at all (exception 1) has its echo taken.
+    /// A setting the CDU did not take is taken on its echo over a step
+    /// whose read-back fails (exception 6, busy), but the step's writes
+    /// are not all taken and the write failure stays in force: its echo
+    /// alone does not say the CDU takes it again. Read back held, all is
+    /// taken and the failure's end said. A CDU that does not serve the
+    /// read-back at all (exception 1) has its echo taken.
     #[test]
-    fn a_read_back_that_fails_after_a_failed_write_leaves_the_setting_not_taken() {
+    fn a_read_back_that_fails_after_a_failed_write_leaves_the_writes_not_all_taken() {
         let steps = |code: u8| {
             let answers = [Some(true), None, Some(false)];
             let mut d = Devices::new(
@@ -936,7 +943,7 @@ mod tests {
         let busy = steps(6);
         assert_eq!(
             busy.iter().map(|s| (s.0, s.1, s.3)).collect::<Vec<_>>(),
-            [(false, false, 1), (false, false, 2), (true, true, 2)]
+            [(false, false, 1), (true, false, 2), (true, true, 2)]
         );
         let said = busy[1].2.as_deref().unwrap_or_default();
         assert!(

@@ -1,0 +1,165 @@
+//! A CDU that never answers the read-back after it took none of a
+//! step's writes (the controller started while its link was down, or the
+//! CDU restarted): its settings are reported not taken (the mode
+//! degraded, the write failure counted and logged) until one is read back
+//! held, but each is still taken on its echo where the decision path
+//! acts on it: the lead pump's trip is judged and hands over to the lag,
+//! and the valve word the CDU echoed is the one recorded.
+use super::*;
+use crate::decide::{Decider, StepIn};
+use crate::modbus::{CduError, ReadBack};
+use cooling_core::CoreConfig;
+use loopwarden_protocol::message::{Event, Pump};
+
+/// A CDU that refuses every write of its first step (exception 4, a
+/// device failure; the setpoint its last), echoes every write after, and
+/// answers no read-back.
+#[derive(Default)]
+struct NeverReadBack {
+    setpoint_refused: bool,
+}
+
+impl CduPort for NeverReadBack {
+    async fn read(&mut self) -> Result<CduMeasurements, CduError> {
+        Ok(CduMeasurements::default())
+    }
+    async fn write_setting(&mut self, w: &Write) -> Result<(), CduError> {
+        if self.setpoint_refused {
+            return Ok(());
+        }
+        self.setpoint_refused = w.setting == Setting::Setpoint;
+        Err(CduError::Refused {
+            op: format!("write {}", w.setting.register()),
+            code: 4,
+            meaning: crate::modbus::exception_meaning(4),
+        })
+    }
+    async fn read_back(&mut self, written: &[Write]) -> ReadBack {
+        let e = CduError::NoAnswer {
+            op: "read back holding 0-20".into(),
+            after_ms: 500,
+        };
+        ReadBack {
+            unread: vec![(written.iter().map(|w| w.setting).collect(), e)],
+            ..ReadBack::default()
+        }
+    }
+    fn limits(&self) -> MapLimits {
+        MapLimits {
+            mapped: [true; 6],
+            setpoint_c: None,
+            speed_pct: None,
+            positions: true,
+        }
+    }
+    fn pump_fault_bits(&self) -> [bool; 2] {
+        [true; 2]
+    }
+}
+
+/// What the CDU reads: lead pump A running (or not, `a_runs`), every
+/// valve open but those of `closed`.
+fn measured(a_runs: bool, closed: u16) -> CduMeasurements {
+    CduMeasurements {
+        supply_c: Some(30.0),
+        return_c: Some(38.0),
+        flow_lpm: Some(192.0),
+        facility_supply_c: Some(27.0),
+        pumps_running: [Some(a_runs), Some(false)],
+        leaks: Some(0),
+        diff_pressure_kpa: Some(100.0),
+        valves_closed: Some(closed),
+        pump_faults: [Some(false); 2],
+        it_w: Some(80_000.0),
+        cooling_w: None,
+        facility_w: Some(88_000.0),
+        outdoor_c: Some(20.0),
+    }
+}
+
+fn run<T>(f: impl std::future::Future<Output = T>) -> T {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(f)
+}
+
+/// One control step at second `s` as the shell runs it: the decision,
+/// its plan written through `d`, what went in heard back.
+fn step(
+    decider: &mut Decider,
+    d: &mut Devices<NeverReadBack>,
+    s: u64,
+    m: &CduMeasurements,
+) -> (cooling_core::Commands, Outcome) {
+    let inp = StepIn {
+        now_ms: s * 1000,
+        board: BoardRead::Absent,
+        ambient_c: Some(20.0),
+    };
+    let c = decider.step(Some(m), &inp);
+    if decider.to_keep().is_some() {
+        decider.kept(true);
+    }
+    let plan = decider.plan(&c, m.valves_closed);
+    let o = run(d.write(&plan, &mut ShellStats::default()));
+    decider.written(&o);
+    (c, o)
+}
+
+fn started() -> (Decider, Devices<NeverReadBack>) {
+    let cdu = NeverReadBack::default();
+    let fresh: Result<Option<crate::decide::LatchRecord>, &str> = Ok(None);
+    let decider = Decider::new(CoreConfig::default(), cdu.limits(), &fresh).unwrap();
+    (decider, Devices::new(cdu, None))
+}
+
+/// Every setting refused at the first step, then echoed but never read
+/// back: reported not taken (not `all`, the failure said), yet each taken
+/// on its echo (the pumps, the setpoint, the speed, the valves). The lead
+/// pump's contactor then reads open: the trip is judged and the lag
+/// started.
+#[test]
+fn a_lead_trip_on_a_cdu_that_never_answers_the_read_back_starts_the_lag() {
+    let (mut decider, mut d) = started();
+    let mut s = 0;
+    let (_, first) = step(&mut decider, &mut d, s, &measured(true, 0));
+    assert!(!first.taken().pumps && !first.taken().all);
+    for _ in 0..10 {
+        s += 1;
+        let (_, o) = step(&mut decider, &mut d, s, &measured(true, 0));
+        let t = o.taken();
+        assert!(t.pumps && t.setpoint && t.speed && t.valves, "{s}: {o:?}");
+        assert!(!t.all, "{s}: not read back held since: {o:?}");
+    }
+    let said = d.write_error.0.as_deref().unwrap_or_default();
+    assert!(said.contains("not read back since"), "{said}");
+    let mut events = Vec::new();
+    for _ in 0..10 {
+        s += 1;
+        let (c, _) = step(&mut decider, &mut d, s, &measured(false, 0));
+        events.extend(c.events.iter().cloned());
+        assert!(c.pump_on != [false; 2], "{s}: both pumps told to stop");
+    }
+    let trip = Event::PumpTrip {
+        pump: Pump::A,
+        lag_started: true,
+    };
+    assert!(events.contains(&trip), "{events:?}");
+}
+
+/// The same CDU: a leak's valve close the CDU echoes is the valve word
+/// recorded, though no read-back reads it held.
+#[test]
+fn a_valve_close_echoed_but_never_read_back_is_the_word_taken() {
+    let (mut decider, mut d) = started();
+    for s in 0..3 {
+        step(&mut decider, &mut d, s, &measured(true, 0));
+    }
+    let mut wet = measured(true, 0);
+    wet.leaks = Some(0b0100);
+    let (c, o) = step(&mut decider, &mut d, 3, &wet);
+    assert_eq!(c.valves_open & 0b0100, 0, "rack 2 told to close");
+    assert!(o.taken().valves && !o.taken().all, "{o:?}");
+    assert_eq!(decider.valves_taken(), Some(c.valves_open));
+}
