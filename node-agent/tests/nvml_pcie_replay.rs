@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use loopwarden_protocol::{HealthState, ReasonCode, TimestampMs, Unsupported};
 use node_agent::gpu::GpuDevice;
-use node_agent::nvml::NvmlGpu;
+use node_agent::nvml::{NvmlFailure, NvmlGpu};
 use node_agent::shell::observation;
 use node_core::health::{HealthEngine, Limits, Policy};
 
@@ -36,6 +36,18 @@ fn quiet() -> Answers {
 }
 
 fn degraded_after(answers: Answers, slow_s: u32, tenths: u64, onset_ms: u64) -> Option<u64> {
+    degraded_failing(answers, slow_s, tenths, onset_ms, None)
+}
+
+/// As [`degraded_after`], the counter's read in the field-value query
+/// failing (NVML's "no data") at every `fail_every`-th sample.
+fn degraded_failing(
+    answers: Answers,
+    slow_s: u32,
+    tenths: u64,
+    onset_ms: u64,
+    fail_every: Option<u64>,
+) -> Option<u64> {
     let fake = FakeNvml::new(vec![answers]);
     let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(slow_s);
     let limits = Limits {
@@ -44,8 +56,13 @@ fn degraded_after(answers: Answers, slow_s: u32, tenths: u64, onset_ms: u64) -> 
     let mut engine = HealthEngine::new(1, limits, Policy::default(), TimestampMs(0));
     for t in (0..=15 * MINUTE_MS).step_by(1_000) {
         let count = replays(tenths, t.saturating_sub(onset_ms));
+        let fails = fail_every.is_some_and(|n| (t / 1_000) % n == n - 1);
         fake.set(0, |a| {
-            a.fields.insert(fi::PCIE_REPLAY_COUNTER, Ok(count));
+            let answer = match fails {
+                true => Err(NvmlFailure::Other("no data".into())),
+                false => Ok(count),
+            };
+            a.fields.insert(fi::PCIE_REPLAY_COUNTER, answer);
         });
         let s = gpu.sample().expect("a sample");
         engine.sample(TimestampMs(t), 0, &observation(&s));
@@ -76,6 +93,29 @@ fn a_replay_rate_just_above_the_limit_is_detected_at_a_read_interval_not_dividin
         let at = at.unwrap_or_else(|| panic!("8.5/min from {onset} ms: never detected"));
         assert!(at <= worst, "8.5/min from {onset} ms: after {at} ms");
         assert_eq!(degraded_after(quiet(), 27, 80, onset), None, "8/min");
+    }
+}
+
+/// A read of the counter that fails now and then (NVML's "no data" in
+/// the per-sample query) leaves that sample without it, and no more: the
+/// rate is counted across it, its window and streak go on, so a replay
+/// storm is still detected however often such a read fails.
+#[test]
+fn a_failed_read_now_and_then_does_not_hide_a_replay_storm() {
+    for slow_s in [1, 30] {
+        let at = degraded_failing(quiet(), slow_s, 240, 0, Some(100));
+        let at = at.unwrap_or_else(|| panic!("24/min, slow counters every {slow_s} s: never"));
+        assert!(at <= 3 * MINUTE_MS, "after {at} ms");
+        let at = degraded_failing(quiet(), slow_s, 240, 0, Some(7));
+        assert!(
+            at.is_some_and(|at| at <= 3 * MINUTE_MS),
+            "every 7th: {at:?}"
+        );
+        assert_eq!(
+            degraded_failing(quiet(), slow_s, 80, 0, Some(7)),
+            None,
+            "8/min"
+        );
     }
 }
 
@@ -114,9 +154,7 @@ fn the_replay_counter_rides_the_per_sample_field_query_without_a_call_of_its_own
 fn without_another_per_sample_field_the_counter_is_read_with_the_slow_counters() {
     let mut answers = quiet();
     for id in [fi::MEMORY_TEMP].into_iter().chain(fi::NVLINK) {
-        answers
-            .fields
-            .insert(id, Err(node_agent::nvml::NvmlFailure::NotSupported));
+        answers.fields.insert(id, Err(NvmlFailure::NotSupported));
     }
     let fake = FakeNvml::new(vec![answers.clone()]);
     let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(3);
@@ -156,9 +194,7 @@ fn probe_says_whether_the_counter_is_read_every_sample() {
     assert_eq!((answer.as_str(), tries), ("supported", 3));
     let mut alone = Answers::healthy();
     for id in [fi::MEMORY_TEMP].into_iter().chain(fi::NVLINK) {
-        alone
-            .fields
-            .insert(id, Err(node_agent::nvml::NvmlFailure::NotSupported));
+        alone.fields.insert(id, Err(NvmlFailure::NotSupported));
     }
     let (call, answer, tries) = row(alone);
     assert_eq!(

@@ -401,10 +401,11 @@ impl Track {
     }
 
     /// The rate windows of the counter groups `rebased` (known again)
-    /// start again.
+    /// start again. Not the PCIe replay counter's: its window takes no
+    /// point from a sample that does not know it and counts across the
+    /// gap, starting again only when the counter fell (`rules`).
     fn restart_windows(&mut self, rebased: Unsupported) {
         for (group, window) in [
-            (Unsupported::PCIE, &mut self.pcie),
             (Unsupported::ECC, &mut self.sbe),
             (Unsupported::NVLINK, &mut self.crc),
         ] {
@@ -889,6 +890,43 @@ pub(crate) mod tests {
             .unwrap()
             .evidence
             .starts_with("the driver asks for a GPU reset"));
+    }
+
+    /// When GPU 0 is degraded for PCIe replays at 24/min, read every
+    /// second, the counter unknown at every sample `unknown` says and
+    /// falling to 0 at `reset_at` (ms); `None`: not in 10 minutes.
+    fn pcie_degraded(unknown: impl Fn(u64) -> bool, reset_at: u64) -> Option<u64> {
+        let mut e = engine(1);
+        for t in (0..600_000u64).step_by(1_000) {
+            let o = Observation {
+                pcie_replay: 24 * (t - if t >= reset_at { reset_at } else { 0 }) / 60_000,
+                unknown: if unknown(t) {
+                    Unsupported::PCIE
+                } else {
+                    Unsupported::empty()
+                },
+                ..Observation::default()
+            };
+            e.sample(TimestampMs(t), 0, &o);
+            if e.status(0).unwrap().state == HealthState::Degraded {
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn a_sample_without_the_pcie_counter_neither_restarts_nor_judges_its_rate() {
+        let steady = pcie_degraded(|_| false, u64::MAX).expect("24/min is degraded");
+        assert!(steady <= 150_000, "{steady}");
+        // Unknown at every 30th sample: counted across, as if read.
+        let gaps = pcie_degraded(|t| t % 30_000 == 29_000, u64::MAX);
+        assert_eq!(gaps, Some(steady), "one sample in 30 unknown");
+        // Unknown from just before the verdict on: never judged on it.
+        assert_eq!(pcie_degraded(|t| t >= steady - 5_000, u64::MAX), None);
+        // A counter that fell (reset) starts the count again.
+        let reset = pcie_degraded(|_| false, steady - 5_000).expect("still 24/min");
+        assert!(reset >= 2 * steady - 5_000, "{reset}");
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //!   older ([`Increase`]). The PCIe replay counter has a point only at
 //!   the samples that read it (every sample, or only the reads of the
 //!   slow counters where the agent cannot read it every sample:
-//!   [`Observation::pcie_held`]) and counts over exactly the span before
+//!   [`Observation::pcie_held`]; none from a sample that does not know
+//!   it) and counts over exactly the span before
 //!   its newest read, its value at the span's start interpolated between
 //!   the two reads around it ([`Window::interpolated`]): read every 22 s,
 //!   a minute's count runs from 8/22 of the way between two reads 22 s
@@ -379,13 +380,15 @@ impl HealthEngine {
     /// average above the limit; for ECC and CRC errors, whose sustain is
     /// the minute the rate is read over, that is the minute's rate. The
     /// PCIe replay counter is read every sample, or with the slow
-    /// counters where the agent cannot: its window
-    /// takes a point only from a sample that read it (or one that does not
-    /// know it, whose held value is pushed as before: its rate falls away,
-    /// never held above the limit on values not known), so its rates are
-    /// counted between reads, over exactly the minute and the 2 minutes
-    /// before the newest read (interpolated); the streak still runs in the
-    /// samples' time. Its 2 minutes are judged on whole replays, and the
+    /// counters where the agent cannot: its window takes a point only
+    /// from a sample that read it, so its rates are counted between
+    /// reads, over exactly the minute and the 2 minutes before the newest
+    /// read (interpolated); the streak still runs in the samples' time. A
+    /// sample that does not know the counter (a failed read) adds no
+    /// point and leaves the streak as it is, never judged on values not
+    /// known: the next read counts across the gap, and a failed read now
+    /// and then neither restarts the count nor ends the streak (a counter
+    /// that fell, reset, starts the window again). Its 2 minutes are judged on whole replays, and the
     /// GPU is degraded only while they are above the limit: a steady rate
     /// at or below the limit, whose interpolated minute can read up to one
     /// replay above it, counts no more whole replays in 2 minutes than
@@ -401,7 +404,8 @@ impl HealthEngine {
         let when = At(self.stamp(t));
         let tr = &mut self.gpus[g];
         // One window for both spans of PCIe replays, of the values read.
-        if !o.pcie_held || o.unknown.contains(Unsupported::PCIE) {
+        let pcie_known = !o.unknown.contains(Unsupported::PCIE);
+        if pcie_known && !o.pcie_held {
             tr.pcie
                 .push(t, o.pcie_replay, p.pcie_sustain_ms.max(60_000));
         }
@@ -410,10 +414,12 @@ impl HealthEngine {
         let pcie_over = pcie_sustained.above(p.pcie_sustain_ms, p.pcie_replays_per_min, 60_000);
         let sbe_min = tr.sbe.push(t, o.sbe_volatile, 60_000);
         let crc_min = tr.crc.push(t, o.nvlink_crc, 60_000);
+        // A sample that does not know the counter neither starts, ends
+        // nor lengthens the streak: it is judged again at the next read.
         let pcie_for = tr.pcie_high.update(
             t,
-            pcie_min.above(60_000, p.pcie_replays_per_min, 60_000),
-            !pcie_over,
+            pcie_known && pcie_min.above(60_000, p.pcie_replays_per_min, 60_000),
+            pcie_known && !pcie_over,
         );
         let sbe_for = tr
             .sbe_high

@@ -13,7 +13,9 @@
 //!   clear");
 //! - a group known again after samples that did not know it is judged
 //!   from its new values on, as a first sample would be: what piled up
-//!   unseen is not one sample's rise, and its rate windows start again.
+//!   unseen is not one sample's rise, and its rate windows start again
+//!   (the PCIe replay counter's excepted: its window takes no point from
+//!   a sample that does not know it and counts across the gap, `rules`).
 //!   Except the volatile double-bit ECC count: any uncorrectable error
 //!   counted since the last known count (or, never known, since the
 //!   driver loaded) needs a reset whenever it happened, so it is judged
@@ -48,7 +50,8 @@ pub(super) struct Settled {
     /// The previous sample to judge a rise against, rebased groups set to
     /// their new values.
     pub prev: Option<Observation>,
-    /// The groups known again: their rate windows start again.
+    /// The groups known again: their rate windows start again (but the
+    /// PCIe replay counter's, `HealthEngine::sample`).
     pub rebased: Unsupported,
 }
 
