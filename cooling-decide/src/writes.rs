@@ -13,6 +13,10 @@
 //! - *safety writes*: the valves, the pumps to run and the lead pump.
 //! - *map limits*: the ranges the register map gives the writable
 //!   settings ([`MapLimits`]).
+//! - *unsure*: a write gone in on its echo alone that is not known taken
+//!   (the CDU did not take the setting's last write, and no read-back has
+//!   read it held since): taken setting by setting, but not every write
+//!   is ([`Outcome::unsure`]).
 
 use core::fmt::{self, Display};
 
