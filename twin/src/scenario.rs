@@ -746,11 +746,14 @@ fn pump_of(target: &str) -> Result<usize, String> {
     }
 }
 
-/// A `gpu_fail` target, `rack.host.gpu`, checked against the site.
+/// A `gpu_fail` target, `rack.host.gpu`, checked against the site: three
+/// whole numbers and nothing else (a part that is not one refuses it).
 fn gpu_fail_of(target: &str, site: &SiteConfig) -> Result<FaultKind, String> {
-    let parts: Vec<usize> = target.split('.').filter_map(|p| p.parse().ok()).collect();
+    let parts: Vec<Option<usize>> = target.split('.').map(|p| p.parse().ok()).collect();
     match parts[..] {
-        [r, h, g] if r < hall_racks(site) && h < site.hosts_per_rack && g < site.gpus_per_host => {
+        [Some(r), Some(h), Some(g)]
+            if r < hall_racks(site) && h < site.hosts_per_rack && g < site.gpus_per_host =>
+        {
             Ok(FaultKind::GpuFail(r, h, g))
         }
         _ => Err(format!(
@@ -845,6 +848,13 @@ target = "1.3.7"
         assert!(bad("kind = \"chiller_trip\"", "kind = \"chiller_trp\"").contains("unknown kind"));
         assert!(bad("until_s = 3600", "until_s = 1000").contains("after at_s"));
         assert!(bad("target = \"1.3.7\"", "target = \"1.4.7\"").contains("rack.host.gpu"));
+        for target in ["r1.1.3.7", "1.3.7.x", "1..3.7", "1.3.-7", "1.3"] {
+            let e = bad("target = \"1.3.7\"", &format!("target = \"{target}\""));
+            assert!(
+                e.contains("rack.host.gpu") && e.contains(target),
+                "{target}: {e}"
+            );
+        }
         let e = bad("target = \"return_temp\"", "target = \"humidity\"");
         assert!(
             e.contains("supply_temp") && e.contains("outdoor_temp"),
