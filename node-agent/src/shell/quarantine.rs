@@ -672,7 +672,7 @@ impl Agent {
                     "GPU {gpu}: its quarantine actions ended well, begun before a cooling-loss resume that lifts their drain: not known done until they run after it"
                 );
             }
-            return self.keep_record(gpu, Record::Done, &since.to_le_bytes());
+            return self.keep_record(gpu, Record::Done, &kept::done_payload(since, gpu));
         }
         run.failures = run.failures.saturating_add(1);
         let now = self.clock.steady().0;

@@ -809,6 +809,13 @@ mod tests {
         let other = tagged(a, &(SINCE - 1).to_le_bytes());
         set(&mut store, &Record::Done.key(a), &other);
         assert_eq!(start(&mut store, [X, A, B]).1, vec![1]);
+        // Done as GPU 2 (the index kept with the stamp; the stamp alone
+        // above is an earlier version's): at index 2 still, done; at 1,
+        // not done, what its actions left naming index 2.
+        let done_at_2 = [&SINCE.to_le_bytes()[..], &[2]].concat();
+        set(&mut store, &Record::Done.key(a), &tagged(a, &done_at_2));
+        assert_eq!(start(&mut store, [X, B, A]).1, Vec::<u8>::new());
+        assert_eq!(start(&mut store, [X, A, B]).1, vec![1]);
     }
 
     #[test]

@@ -10,9 +10,18 @@
 //! killed while they ran or before they started, or one failed) and which
 //! were.
 //!
+//!
+//! The record of actions done keeps the GPU's index they ran under: a
+//! reboot that numbers the GPUs otherwise (one pulled, or fallen off the
+//! bus) leaves what they did naming the old index (the shipped drain's
+//! tag `gpu{gpu}`), so a GPU known done under another index is not known
+//! done, and the log names the stale index for an operator to undo.
+//!
 //! Glossary:
 //! - *known done*: every action of the GPU's quarantine in force ended
-//!   well, its stamp kept as [`Record::Done`].
+//!   well, its stamp kept as [`Record::Done`] with the index they ran
+//!   under, that GPU's index now (a stamp an earlier version kept, with
+//!   no index, counts whatever the index).
 
 use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::HealthState;
@@ -21,9 +30,32 @@ use loopwarden_store::agent_flash::Flash;
 use super::{read_kept, Record};
 use crate::shell::Agent;
 
+/// The payload of a GPU's [`Record::Done`]: the stamp of the quarantine
+/// whose actions ended well (wall ms, 8 bytes little-endian), then the
+/// GPU's index they ran under (what they left may name it: a drain's
+/// tag `gpu{gpu}`).
+pub(super) fn done_payload(since: u64, gpu: u8) -> [u8; 9] {
+    let mut p = [gpu; 9];
+    p[..8].copy_from_slice(&since.to_le_bytes());
+    p
+}
+
+/// The stamp and index of a [`done_payload`]; an earlier version's holds
+/// the stamp alone (index `None`); `None`: neither.
+fn read_done(payload: &[u8]) -> Option<(u64, Option<u8>)> {
+    let stamp = u64::from_le_bytes(payload.get(..8)?.try_into().ok()?);
+    match payload.len() {
+        8 => Some((stamp, None)),
+        9 => Some((stamp, Some(payload[8]))),
+        _ => None,
+    }
+}
+
 /// The GPUs kept quarantined (`health`; `uuids`: every GPU's, in index
-/// order) whose quarantine's actions are not known done (a stamp other
-/// than theirs, or none, kept as [`Record::Done`]).
+/// order) whose quarantine's actions are not known done: a stamp other
+/// than theirs, or none, kept as [`Record::Done`], or theirs kept under
+/// another index (the GPUs numbered otherwise since: said, with what to
+/// undo by hand).
 pub(in crate::shell) async fn not_done(
     store: &mut ConfigStore<Flash>,
     health: &node_core::health::HealthEngine,
@@ -42,9 +74,7 @@ pub(in crate::shell) async fn not_done(
             .and_then(|u| crate::shell::identity(u));
         let done = match id {
             Some(id) => match read_kept(store, Record::Done, id).await {
-                Ok(Some(stamp)) => <[u8; 8]>::try_from(stamp.as_slice())
-                    .ok()
-                    .map(u64::from_le_bytes),
+                Ok(Some(payload)) => read_done(&payload),
                 Ok(None) => None,
                 Err(e) => {
                     tracing::error!("GPU {gpu}: whether its quarantine actions ran is unreadable ({e}): taken as not");
@@ -53,11 +83,34 @@ pub(in crate::shell) async fn not_done(
             },
             None => None,
         };
-        if done != Some(st.since.0) {
-            gpus.push(gpu);
+        match done {
+            Some((stamp, None)) if stamp == st.since.0 => {}
+            Some((stamp, Some(was))) if stamp == st.since.0 && was == gpu => {}
+            Some((stamp, Some(was))) if stamp == st.since.0 => {
+                say_renumbered(gpu, was, health);
+                gpus.push(gpu);
+            }
+            _ => gpus.push(gpu),
         }
     }
     gpus
+}
+
+/// Says that `gpu`'s quarantine actions ran last as GPU `was`: what they
+/// left naming that index (a Slurm drain's tag `gpu{was}`) is stale,
+/// unless GPU `was` is quarantined now too (the tag is its own).
+fn say_renumbered(gpu: u8, was: u8, health: &node_core::health::HealthEngine) {
+    let theirs = health
+        .status(was)
+        .is_some_and(|st| st.state == HealthState::Quarantined);
+    if theirs {
+        return tracing::warn!(
+            "GPU {gpu}: its quarantine actions ran as GPU {was}, before the GPUs were numbered otherwise: they run again as GPU {gpu}; GPU {was} is quarantined too, so what they left under index {was} (a drain tagged gpu{was}) is its own now: leave it"
+        );
+    }
+    tracing::error!(
+        "GPU {gpu}: its quarantine actions ran as GPU {was}, before the GPUs were numbered otherwise: they run again as GPU {gpu}; what they left under index {was} is stale: undo it by hand once they ended well (with the shipped actions: loopwarden-slurm resume NODE gpu{was}, which keeps the node drained for gpu{gpu})"
+    );
 }
 
 impl Agent {
