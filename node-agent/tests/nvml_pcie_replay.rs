@@ -176,6 +176,44 @@ fn without_another_per_sample_field_the_counter_is_read_with_the_slow_counters()
     assert!(degraded_after(answers, 30, 240, 0).is_some(), "24/min");
 }
 
+/// A read of the counter that fails at the first sample of a GPU that
+/// then reads it with the slow counters (the agent learns only at that
+/// sample that the GPU answers no other per-sample field) leaves the
+/// samples held until its next read without it, never with 0 as if read.
+#[test]
+fn a_failed_read_before_the_counter_is_held_leaves_the_held_samples_without_it() {
+    let mut answers = quiet();
+    for id in [fi::MEMORY_TEMP].into_iter().chain(fi::NVLINK) {
+        answers.fields.insert(id, Err(NvmlFailure::NotSupported));
+    }
+    answers.fields.insert(
+        fi::PCIE_REPLAY_COUNTER,
+        Err(NvmlFailure::Other("no data".into())),
+    );
+    let fake = FakeNvml::new(vec![answers]);
+    let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0).slow_every(3);
+    let first = gpu.sample().expect("the first sample");
+    assert!(first.unsupported.contains(Unsupported::PCIE), "failed");
+    fake.set(0, |a| {
+        a.fields.insert(fi::PCIE_REPLAY_COUNTER, Ok(40));
+    });
+    for n in 2..4 {
+        let s = gpu.sample().expect("a held sample");
+        assert!(s.pcie_held, "sample {n}: held");
+        assert!(
+            s.unsupported.contains(Unsupported::PCIE),
+            "sample {n}: the failed read held as 0 replays: {:?}",
+            s.unsupported
+        );
+    }
+    let s = gpu.sample().expect("the next read");
+    assert_eq!((s.pcie_replay, s.pcie_held), (40, false));
+    assert!(!s.unsupported.contains(Unsupported::PCIE));
+    let s = gpu.sample().expect("held again");
+    assert_eq!((s.pcie_replay, s.pcie_held), (40, true));
+    assert!(!s.unsupported.contains(Unsupported::PCIE));
+}
+
 /// `node-agent probe` names the query made every sample and says how the
 /// counter is read: in it, or with the slow counters (no query made).
 #[test]

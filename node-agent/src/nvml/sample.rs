@@ -98,6 +98,10 @@ pub(super) struct Held {
     /// Retirement and remap flags.
     flags: GpuFlags,
     pcie_replay: u32,
+    /// The last read of the PCIe replay counter failed: the samples that
+    /// hold it until its next read say it unknown (`pcie_replay` keeps
+    /// the last value read, never a failed read's 0).
+    pcie_failed: bool,
     links: NvlinkLinks,
     /// The NVLink replay and recovery totals when the links were read.
     links_at: Option<(u32, u32)>,
@@ -458,11 +462,19 @@ impl<A: NvmlApi> NvmlGpu<A> {
     }
 
     /// Keeps what `s` read (the slow counters when `slow`, the links when
-    /// `links`), and gives `s` the held values of what it did not.
+    /// `links`), and gives `s` the held values of what it did not (a
+    /// failed read of the PCIe replay counter keeps the value before it,
+    /// said unknown until the counter is read again).
     fn hold(&mut self, s: &mut GpuSample, slow: bool, links: bool) {
         let h = &mut self.held;
         if !s.pcie_held {
-            h.pcie_replay = s.pcie_replay;
+            let unknown = s.unsupported | h.unknown;
+            h.pcie_failed = unknown.contains(Unsupported::PCIE);
+            if !h.pcie_failed {
+                h.pcie_replay = s.pcie_replay;
+            }
+        } else if h.pcie_failed {
+            s.unsupported = s.unsupported | Unsupported::PCIE;
         }
         if slow {
             h.repair = s.repair;
