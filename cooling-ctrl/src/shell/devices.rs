@@ -203,7 +203,8 @@ impl<P: CduPort> Devices<P> {
     /// heartbeat back (not written) from the next step until a read-back
     /// reads it held: the heartbeat held back is recorded as not written
     /// (so the core reads the CDU as not taking its writes: degraded) and
-    /// said in `stats` ([`ShellStats::heartbeat_held`]). A setting whose
+    /// said in `stats` for the step it was held back
+    /// ([`ShellStats::heartbeat_held`]). A setting whose
     /// last write did not go in stays not taken over a step whose
     /// read-back of it fails ([`Devices::not_taken`]). The first failure
     /// is counted, and logged whole once per change of its text.
@@ -211,12 +212,16 @@ impl<P: CduPort> Devices<P> {
         let mut outcome = Outcome::default();
         let mut first: Option<String> = None;
         let mut held = None;
+        let mut beat_held = None;
         for w in &plan.writes {
-            if !outcome.due(w) {
+            if self.heartbeat_held(w) {
+                beat_held = self.safety_not_held.0.clone();
+                if outcome.due(w) {
+                    outcome.record(w.setting, Err(self.held_back()));
+                }
                 continue;
             }
-            if self.heartbeat_held(w) {
-                outcome.record(w.setting, Err(self.held_back()));
+            if !outcome.due(w) {
                 continue;
             }
             let r = self.write_one(w, &mut held).await;
@@ -231,7 +236,7 @@ impl<P: CduPort> Devices<P> {
         }
         self.judge_taken(&outcome, read_back);
         self.judge_writes(first, stats);
-        stats.heartbeat_held = self.safety_not_held.0.clone();
+        stats.heartbeat_held = beat_held;
         outcome
     }
 
@@ -856,15 +861,16 @@ mod tests {
             held.push(stats.heartbeat_held.clone());
         }
         // Step 1 finds the valves not held after its beat; steps 2 and 3
-        // hold the beat back (3 reads them held); step 4 beats.
+        // hold the beat back (3 reads them held); step 4 beats. The
+        // stats say so on the steps whose beat was held back.
         assert_eq!(all, [false, false, false, true]);
-        let said = held[0].as_deref().unwrap_or_default();
+        let said = held[1].as_deref().unwrap_or_default();
         assert!(
             said.starts_with("valves_open: ") && said.contains("reads back value 0"),
             "{said}"
         );
-        assert_eq!(held[1], held[0]);
-        assert_eq!(held[2..], [None, None]);
+        assert_eq!(held[2], held[1]);
+        assert_eq!([&held[0], &held[3]], [&None, &None], "their beats went out");
     }
 
     /// A CDU that echoes every write and whose read-backs answer in turn

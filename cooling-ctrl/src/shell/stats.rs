@@ -314,12 +314,13 @@ pub struct ShellStats {
     /// yet relatched from the CDU's valve positions: no valve is written,
     /// and what the core commands is not what the CDU has.
     pub relatch_pending: bool,
-    /// While the heartbeat is held back (not written) because a read-back
-    /// found a safety setting (valves, pumps to run, lead pump) that the
-    /// CDU echoed but does not hold, and none has read it held since:
-    /// which, and why (`None`: the heartbeat is written). Set after a
-    /// step's writes, for the steps from the next on; the CDU falls back
-    /// to its own control after its heartbeat timeout meanwhile.
+    /// The last step's heartbeat was held back (not written) because a
+    /// read-back found a safety setting (valves, pumps to run, lead pump)
+    /// that the CDU echoed but does not hold, and none had read it held
+    /// since: which, and why (`None`: that step's heartbeat was not held
+    /// back so). Set after each step's writes, for that step; the CDU
+    /// falls back to its own control after its heartbeat timeout while
+    /// it is held back.
     pub heartbeat_held: Option<String>,
     /// Writes of the setpoint or the pump speed held to the CDU's
     /// register map (the core asked for more than it takes).
