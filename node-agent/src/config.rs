@@ -54,7 +54,9 @@ loopwarden_field::agent_file! {
         /// Deadline of one GPU call, ms.
         pub deadline_ms: Option<u64>,
         /// Seconds between reads of the slow counters (aggregate ECC,
-        /// retired pages, remapped rows, PCIe replays, NVLink per link).
+        /// retired pages, remapped rows, the recovery action, NVLink per
+        /// link; PCIe replays only on a GPU that answers none of the
+        /// per-sample field values, which reads them with these).
         pub slow_counters_s: Option<u64>,
         /// Missed samples in a row before a GPU is reported unresponsive.
         pub unresponsive_after: Option<u32>,

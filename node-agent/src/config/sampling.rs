@@ -22,20 +22,28 @@ pub(super) struct Timings {
     pub(super) expected_gpus: Option<u8>,
 }
 
-/// The longest `slow_counters_s`. The PCIe replay rate rule sees its
-/// counter step only at the reads, so its worst detection latency grows
-/// with the time between them: the minute's window, the 2-minute
+/// The longest `slow_counters_s`. A GPU that answers none of the
+/// per-sample field values (no HBM temperature, no NVLink; `node-agent
+/// probe` says which) reads its PCIe replay counter with the slow
+/// counters, not every sample: there the PCIe replay rate rule sees the
+/// counter step only at these reads, so its worst detection latency
+/// grows with the time between them: the minute's window, the 2-minute
 /// sustain, a period and the read interval (twice that when it does not
-/// divide the minute, docs/health.md section 5). The cap keeps that bound
-/// at 241 s (read every 60 s at 1 s periods); rounded up to whole
+/// divide the minute, docs/health.md section 5). On every GPU the
+/// recovery action and the repairs that come with no ECC error or XID
+/// are seen only at these reads. The cap keeps that bound at 241 s (read
+/// every 60 s at 1 s periods); rounded up to whole
 /// periods (at most 60 s each), reads stay under 2 minutes apart (a 59 s
 /// period reads every 118 s). More was allowed before (up to 600 s): it
 /// is read as this, and said, so that an upgraded host still starts.
 const MOST_SLOW_COUNTERS_S: u64 = 60;
 
 /// Why `slow_counters_s` is at most [`MOST_SLOW_COUNTERS_S`].
-const SLOW_COUNTERS_WHY: &str = "the PCIe replay rate's detection bound grows \
-     with the time between its counter's reads (docs/health.md section 5)";
+const SLOW_COUNTERS_WHY: &str = "on a GPU that reads its PCIe replay counter \
+     with the slow counters (one answering none of the per-sample field values; \
+     `node-agent probe` says which) the PCIe replay rate's detection bound grows \
+     with the time between reads, and the recovery action and repairs without \
+     an ECC error or XID are seen only at these reads (docs/health.md section 5)";
 
 /// The sampling period, the JSON mirror's period (at least the sampling
 /// period), the deadline of one GPU call (at most the sampling period),
