@@ -190,6 +190,9 @@ pub struct Taken {
     /// The pumps to run and the lead pump went in (or were not written):
     /// a lead the CDU was never told of is not judged tripped.
     pub pumps: bool,
+    /// The heartbeat was held back (not written): the CDU echoed a safety
+    /// setting it does not hold, so it runs on its own control.
+    pub heartbeat_held: bool,
 }
 
 impl Taken {
@@ -200,6 +203,7 @@ impl Taken {
         speed: true,
         valves: true,
         pumps: true,
+        heartbeat_held: false,
     };
     /// Nothing went in.
     pub const NONE: Taken = Taken {
@@ -208,6 +212,7 @@ impl Taken {
         speed: false,
         valves: false,
         pumps: false,
+        heartbeat_held: false,
     };
 }
 
@@ -612,6 +617,7 @@ impl Core {
             leak_latched: self.safety.leaks_latched() != 0,
             isolation_failed: escalated,
             writes_refused: inp.cdu.is_some() && !inp.cdu_taken.all,
+            heartbeat_held: inp.cdu.is_some() && inp.cdu_taken.heartbeat_held,
         };
         let settled = self.modes.settle(judged, standing, t.now, &mut log);
         self.events_dropped = self.events_dropped.saturating_add(log.dropped);

@@ -9,8 +9,9 @@
 //! never clears. Once booted, the CDU silent for `sensor_timeout_ms`
 //! is failsafe; a required sensor under a fault is degraded while the
 //! others stand in for it ([`super::substitute`]), failsafe when they
-//! cannot; otherwise it is normal, degraded when a leak is latched or the
-//! coordination layer caps for capacity (the leak said first). Each step judges the mode from the sensors first
+//! cannot; otherwise it is normal, degraded when a leak is latched, the
+//! CDU's heartbeat is held back, the coordination layer caps for
+//! capacity or the CDU refuses writes (said in that order). Each step judges the mode from the sensors first
 //! ([`ModeMachine::judge`]) and settles it once the caps are known
 //! (`ModeMachine::settle`), reporting a change.
 //!
@@ -70,6 +71,8 @@ pub struct Standing {
     pub isolation_failed: bool,
     /// The CDU answers but refuses the controller's writes.
     pub writes_refused: bool,
+    /// The CDU's heartbeat is held back: it runs on its own control.
+    pub heartbeat_held: bool,
 }
 
 impl ModeMachine {
@@ -162,8 +165,9 @@ impl ModeMachine {
 
     /// Settles the step's judged `mode` and `reason` at `now` with what
     /// else stands: a failed isolation is failsafe whatever the sensors
-    /// say; normal is degraded under a latched leak, a capacity cap or a
-    /// CDU that refuses writes, said in that order. Reports a change.
+    /// say; normal is degraded under a latched leak, a heartbeat held
+    /// back, a capacity cap or a CDU that refuses writes, said in that
+    /// order. Reports a change.
     pub(crate) fn settle(
         &mut self,
         judged: (CduMode, ReasonCode),
@@ -178,8 +182,12 @@ impl ModeMachine {
             // A latched leak is said before a capacity cap: it needs a
             // field engineer at the rack, and the cap is often its
             // consequence (a rack isolated, the others carrying its heat).
+            // A heartbeat held back before a cap: the CDU runs on its own
+            // control, whatever the controller commands.
             let degraded = if standing.leak_latched {
                 Some(ReasonCode::LEAK)
+            } else if standing.heartbeat_held {
+                Some(ReasonCode::HEARTBEAT_HELD)
             } else if standing.capacity_caps {
                 Some(ReasonCode::CAPACITY_SHORT)
             } else if standing.writes_refused {
@@ -246,5 +254,26 @@ mod tests {
             settled(failed),
             (CduMode::Failsafe, ReasonCode::ISOLATION_FAILED)
         );
+    }
+
+    /// A heartbeat held back is said before a capacity cap and the
+    /// refused writes it comes with, a latched leak before it.
+    #[test]
+    fn a_heartbeat_held_back_is_said_after_a_leak_only() {
+        let held = Standing {
+            heartbeat_held: true,
+            capacity_caps: true,
+            writes_refused: true,
+            ..Standing::default()
+        };
+        assert_eq!(
+            settled(held),
+            (CduMode::Degraded, ReasonCode::HEARTBEAT_HELD)
+        );
+        let leak = Standing {
+            leak_latched: true,
+            ..held
+        };
+        assert_eq!(settled(leak), (CduMode::Degraded, ReasonCode::LEAK));
     }
 }

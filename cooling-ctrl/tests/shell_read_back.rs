@@ -1,7 +1,7 @@
 //! A CDU that echoes its valves word but does not hold it: the
 //! controller holds its heartbeat back until a read-back reads the word
 //! held (the CDU falls back to its own control meanwhile), and says so
-//! on the bus (the state degraded, `cdu-writes-refused`), in `/metrics`
+//! on the bus (the state degraded, `heartbeat-held`), in `/metrics`
 //! (`loopwarden_cdu_heartbeat_held`) and on the console (`ctl status`);
 //! once the CDU holds it, the heartbeat goes out again and all of it reads
 //! normal. The controller's real-time shell against a real mosquitto and
@@ -117,7 +117,7 @@ async fn a_valves_word_the_cdu_does_not_hold_holds_the_heartbeat_back_and_says_s
     assert_eq!(said(&s).await, (0.0, None));
 
     unheld.store(true, Ordering::SeqCst);
-    let degraded = Some((CduMode::Degraded, ReasonCode::CDU_WRITES_REFUSED));
+    let degraded = Some((CduMode::Degraded, ReasonCode::HEARTBEAT_HELD));
     let s = rig
         .wait_stats("the heartbeat held back, the mode degraded", |s| {
             s.heartbeat_held.is_some() && mode(s) == degraded
@@ -138,7 +138,7 @@ async fn a_valves_word_the_cdu_does_not_hold_holds_the_heartbeat_back_and_says_s
     assert_eq!(rig.cdu.setting("heartbeat").expect("mapped"), beat);
     let (probe, mut rx) = rig.probe("probe-hb", &[cdu_topic(Family::Health)]).await;
     let st = state_in(&mut rx, CduMode::Degraded).await;
-    assert_eq!(st.reason, ReasonCode::CDU_WRITES_REFUSED, "{st:?}");
+    assert_eq!(st.reason, ReasonCode::HEARTBEAT_HELD, "{st:?}");
 
     // The CDU holds its valves word again: the heartbeat goes out, and
     // all of it reads normal.

@@ -224,6 +224,10 @@ pub struct Outcome {
     /// ([`Outcome::all_ok`]: the CDU is reported as not taking its
     /// writes).
     pub unsure: Vec<(Setting, Words), MAX_WRITES>,
+    /// The heartbeat was held back (not written, and in `tried` as not
+    /// taken): the CDU echoed a safety setting it does not hold, so it
+    /// runs on its own control ([`cooling_core::Taken::heartbeat_held`]).
+    pub heartbeat_held: bool,
 }
 
 /// A write that failed, and why.
@@ -259,6 +263,7 @@ impl Outcome {
             speed: !failed(Setting::PumpSpeed),
             valves: !failed(Setting::Valves),
             pumps: !failed(Setting::PumpsRun) && !failed(Setting::LeadPump),
+            heartbeat_held: self.heartbeat_held,
         }
     }
 
@@ -308,6 +313,7 @@ impl Outcome {
                 .map(|w| (w.setting, answer.clone()))
                 .collect(),
             unsure: Vec::new(),
+            heartbeat_held: false,
         }
     }
 }

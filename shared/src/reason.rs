@@ -111,6 +111,11 @@ reasons! {
     /// the bus has heard nothing from it for 3 s: the gateway says so for
     /// it (the CDU falls back on its heartbeat).
     CONTROLLER_SILENT = 2015 => "controller-silent",
+    /// The controller holds the CDU's heartbeat back (does not write it):
+    /// the CDU echoed a safety setting (valves, pumps to run, lead pump)
+    /// that it does not hold, so it runs on its own control until one
+    /// reads back held.
+    HEARTBEAT_HELD = 2016 => "heartbeat-held",
 }
 
 impl ReasonCode {

@@ -112,7 +112,7 @@ pub const RELATCH_PENDING: Metric = Metric::gauge(
 );
 pub const HEARTBEAT_HELD: Metric = Metric::gauge(
     "loopwarden_cdu_heartbeat_held",
-    "1 while the controller holds the CDU's heartbeat back (does not write it) because a read-back found a safety setting (valves, pumps to run, lead pump) the CDU echoed but does not hold, until one reads it held: the CDU falls back to its own control after its heartbeat timeout meanwhile, and the mode reads degraded (cdu-writes-refused); else 0. Alert on it.",
+    "1 while the controller holds the CDU's heartbeat back (does not write it) because a read-back found a safety setting (valves, pumps to run, lead pump) the CDU echoed but does not hold, until one reads it held: the CDU falls back to its own control after its heartbeat timeout meanwhile, and the mode reads degraded (heartbeat-held, 2016, unless a latched leak is the reason: this gauge still reads 1); else 0. Alert on it.",
 );
 pub const RACK_LEAK_SENSING: Metric = Metric::gauge(
     "loopwarden_cdu_rack_leak_sensing",

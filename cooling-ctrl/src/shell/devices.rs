@@ -218,6 +218,7 @@ impl<P: CduPort> Devices<P> {
                 beat_held = self.safety_not_held.0.clone();
                 if outcome.due(w) {
                     outcome.record(w.setting, Err(self.held_back()));
+                    outcome.heartbeat_held = true;
                 }
                 continue;
             }
@@ -522,6 +523,8 @@ impl<P> Devices<P> {
     }
 }
 
+#[cfg(test)]
+mod held_reason;
 #[cfg(test)]
 mod never_read_back;
 

@@ -59,7 +59,7 @@ impl CduPort for NeverReadBack {
 
 /// What the CDU reads: lead pump A running (or not, `a_runs`), every
 /// valve open but those of `closed`.
-fn measured(a_runs: bool, closed: u16) -> CduMeasurements {
+pub(super) fn measured(a_runs: bool, closed: u16) -> CduMeasurements {
     CduMeasurements {
         supply_c: Some(30.0),
         return_c: Some(38.0),
@@ -77,7 +77,7 @@ fn measured(a_runs: bool, closed: u16) -> CduMeasurements {
     }
 }
 
-fn run<T>(f: impl std::future::Future<Output = T>) -> T {
+pub(super) fn run<T>(f: impl std::future::Future<Output = T>) -> T {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
@@ -86,9 +86,9 @@ fn run<T>(f: impl std::future::Future<Output = T>) -> T {
 
 /// One control step at second `s` as the shell runs it: the decision,
 /// its plan written through `d`, what went in heard back.
-fn step(
+pub(super) fn step<P: CduPort>(
     decider: &mut Decider,
-    d: &mut Devices<NeverReadBack>,
+    d: &mut Devices<P>,
     s: u64,
     m: &CduMeasurements,
 ) -> (cooling_core::Commands, Outcome) {
@@ -107,8 +107,8 @@ fn step(
     (c, o)
 }
 
-fn started() -> (Decider, Devices<NeverReadBack>) {
-    let cdu = NeverReadBack::default();
+/// A decider on `cdu`'s map, and the devices on `cdu`.
+pub(super) fn started<P: CduPort>(cdu: P) -> (Decider, Devices<P>) {
     let fresh: Result<Option<crate::decide::LatchRecord>, &str> = Ok(None);
     let decider = Decider::new(CoreConfig::default(), cdu.limits(), &fresh).unwrap();
     (decider, Devices::new(cdu, None))
@@ -121,7 +121,7 @@ fn started() -> (Decider, Devices<NeverReadBack>) {
 /// started.
 #[test]
 fn a_lead_trip_on_a_cdu_that_never_answers_the_read_back_starts_the_lag() {
-    let (mut decider, mut d) = started();
+    let (mut decider, mut d) = started(NeverReadBack::default());
     let mut s = 0;
     let (_, first) = step(&mut decider, &mut d, s, &measured(true, 0));
     assert!(!first.taken().pumps && !first.taken().all);
@@ -152,7 +152,7 @@ fn a_lead_trip_on_a_cdu_that_never_answers_the_read_back_starts_the_lag() {
 /// recorded, though no read-back reads it held.
 #[test]
 fn a_valve_close_echoed_but_never_read_back_is_the_word_taken() {
-    let (mut decider, mut d) = started();
+    let (mut decider, mut d) = started(NeverReadBack::default());
     for s in 0..3 {
         step(&mut decider, &mut d, s, &measured(true, 0));
     }

@@ -1,0 +1,113 @@
+//! The mode's reason while the heartbeat is held back: one of its own
+//! (`heartbeat-held`: the CDU runs on its own control, whatever its
+//! panel says), not the refused writes' (`cdu-writes-refused`: a CDU in
+//! local mode at its panel), unless a latched leak is the reason.
+use super::never_read_back::{measured, started, step};
+use super::*;
+use crate::modbus::{CduError, ReadBack};
+use loopwarden_protocol::message::CduMode;
+use loopwarden_protocol::ReasonCode;
+
+/// A CDU that echoes every write, refuses the setpoint with exception 3
+/// (`refuses`), and whose read-back finds the valve word not held
+/// (`drops_valves`).
+struct Cdu {
+    refuses: bool,
+    drops_valves: bool,
+}
+
+impl CduPort for Cdu {
+    async fn read(&mut self) -> Result<CduMeasurements, CduError> {
+        Ok(CduMeasurements::default())
+    }
+    async fn write_setting(&mut self, w: &Write) -> Result<(), CduError> {
+        if self.refuses && w.setting == Setting::Setpoint {
+            return Err(CduError::Refused {
+                op: "write supply_setpoint at holding 0".into(),
+                code: 3,
+                meaning: crate::modbus::exception_meaning(3),
+            });
+        }
+        Ok(())
+    }
+    async fn read_back(&mut self, written: &[Write]) -> ReadBack {
+        let valves = written.iter().any(|w| w.setting == Setting::Valves);
+        if !(self.drops_valves && valves) {
+            return ReadBack::default();
+        }
+        let e = CduError::BadAnswer {
+            op: "write valves_open at holding 3".into(),
+            detail: "holding 3 reads back value 0".into(),
+        };
+        ReadBack {
+            not_held: vec![(vec![Setting::Valves], e)],
+            ..ReadBack::default()
+        }
+    }
+    fn limits(&self) -> MapLimits {
+        MapLimits {
+            mapped: [true; 6],
+            setpoint_c: None,
+            speed_pct: None,
+            positions: true,
+        }
+    }
+    fn pump_fault_bits(&self) -> [bool; 2] {
+        [true; 2]
+    }
+}
+
+/// The mode and its reason after 20 steps against `cdu`, rack 1 leaking
+/// from the 10th (`leak`), and whether the last step's heartbeat was
+/// held back.
+fn after(cdu: Cdu, leak: bool) -> (CduMode, ReasonCode, bool) {
+    let (mut decider, mut d) = started(cdu);
+    let mut last = None;
+    for s in 0..20 {
+        // Rack 1's valve reads closed from the step after its leak.
+        let mut m = measured(true, u16::from(leak && s > 10) << 1);
+        m.leaks = Some(u16::from(leak && s >= 10) << 1);
+        let (c, o) = step(&mut decider, &mut d, s, &m);
+        let beat = o
+            .tried
+            .iter()
+            .any(|(s, r)| *s == Setting::Heartbeat && r.is_ok());
+        last = Some((c.mode, c.reason, !beat));
+    }
+    last.expect("20 steps")
+}
+
+#[test]
+fn a_heartbeat_held_back_has_a_reason_of_its_own_under_no_leak() {
+    let refused = after(
+        Cdu {
+            refuses: true,
+            drops_valves: false,
+        },
+        false,
+    );
+    assert_eq!(
+        refused,
+        (CduMode::Degraded, ReasonCode::CDU_WRITES_REFUSED, false)
+    );
+    let held = Cdu {
+        refuses: false,
+        drops_valves: true,
+    };
+    let (mode, reason, beat_held) = after(held, false);
+    assert!(beat_held);
+    assert_eq!(mode, CduMode::Degraded);
+    assert_ne!(
+        reason, refused.1,
+        "a held heartbeat is no refusal at the panel"
+    );
+    assert_eq!(reason.name(), Some("heartbeat-held"));
+    let leaking = Cdu {
+        refuses: false,
+        drops_valves: true,
+    };
+    assert_eq!(
+        after(leaking, true),
+        (CduMode::Degraded, ReasonCode::LEAK, true)
+    );
+}
