@@ -234,6 +234,7 @@ pub(super) async fn keep_after_loss(
     Ok(PendingClear {
         refused_before,
         unkept,
+        not_kept: Vec::new(),
     })
 }
 
@@ -261,14 +262,24 @@ pub(crate) struct PendingClear {
     /// The GPUs whose UUIDs were unknown at the start, their states
     /// taken back not kept yet.
     unkept: Vec<u8>,
+    /// The GPUs identified since whose records could not be handed to
+    /// the flash (a queue full, the flash thread gone: not counted as
+    /// refused): the mark stays for this run.
+    not_kept: Vec<u8>,
 }
 
 impl PendingClear {
     /// Whether everything is kept that the mark waits for: the phase
     /// known (`cooling_unknown`: not yet), and every GPU unknown at the
-    /// start identified since.
+    /// start identified since, its records kept.
     pub(super) fn ready(&self, cooling_unknown: bool) -> bool {
-        !cooling_unknown && self.unkept.is_empty()
+        !cooling_unknown && self.unkept.is_empty() && self.not_kept.is_empty()
+    }
+
+    /// The GPUs identified since the start whose records were not kept:
+    /// the mark stays for this run.
+    pub(super) fn not_kept(&self) -> &[u8] {
+        &self.not_kept
     }
 
     /// The GPUs the clear still waits for to say their UUIDs.
@@ -282,7 +293,12 @@ impl PendingClear {
     /// `super::limits::kept_through`) where they read, else the record
     /// that they were not read since the loss; its health state the node
     /// has it kept at its identification, handed to the recorder before
-    /// the clear. Whether the clear waited for it.
+    /// the clear. Whether the clear waited for it. A record not kept
+    /// ([`Recorder::set_all_sync`] failing: dropped, the thread gone, or
+    /// refused) keeps the mark for this run ([`Self::not_kept`]): a clear
+    /// without it leaves the next start reading the store intact with no
+    /// limits record for the GPU, the limit found on it taken quietly for
+    /// its ceiling.
     pub(super) async fn identified<T>(
         &mut self,
         recorder: &Recorder,
@@ -293,12 +309,12 @@ impl PendingClear {
             return false;
         }
         if !matches!(kept_limits, Ok(Some(_))) {
-            // Refused: counted, so the clear says so and the mark stays.
             let unread = super::limits::unread_record(uuid).into_iter().collect();
             if let Err(e) = recorder.set_all_sync(unread).await {
                 tracing::error!(
-                    "GPU {gpu}: its power limits as not read since the config store was lost not kept ({e}): the store's lost mark stays"
+                    "GPU {gpu}: its power limits as not read since the config store was lost not kept ({e}): the store's lost mark stays for this run: the next start reads the config store as lost again"
                 );
+                self.not_kept.push(gpu);
             }
         }
         self.unkept.retain(|&g| g != gpu);
@@ -422,10 +438,16 @@ impl super::Agent {
     /// said, the mark left as the flash has it. A clear still waiting for
     /// GPUs that never said their UUIDs is said too: the mark stays.
     pub(super) async fn finish_lost_mark_clear(&mut self) {
-        if let Some(unkept) = self.lost_mark.as_ref().map(|p| p.unkept().to_vec()) {
+        if let Some(pending) = self.lost_mark.as_ref() {
+            let unkept = pending.unkept();
             if !unkept.is_empty() {
                 tracing::error!(
                     "the config store lost: GPUs {unkept:?} never said their UUIDs in this run: the store's lost mark stays, the next start reads the config store as lost again: {UNKEPT_WHY}"
+                );
+            }
+            if let not_kept @ [_, ..] = pending.not_kept() {
+                tracing::error!(
+                    "the config store lost: GPUs {not_kept:?}: their records were not kept when they said their UUIDs in this run: the store's lost mark stays, the next start reads the config store as lost again"
                 );
             }
         }
@@ -778,5 +800,74 @@ mod tests {
             }
             assert_eq!(logged_phase(&mut log, 1).await, Ok(Phase::Cooled));
         });
+    }
+
+    /// A publisher that holds the recorder's thread in its first publish
+    /// until the test lets it go: what is handed over meanwhile waits.
+    struct Held {
+        entered: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+        go: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    }
+
+    impl loopwarden_store::Publisher for Held {
+        fn publish_message(
+            &self,
+            _: Message,
+            _: TimestampMs,
+            _: bool,
+        ) -> Result<u32, loopwarden_store::Refused> {
+            let _ = self.entered.lock().unwrap().send(());
+            let _ = self.go.lock().unwrap().recv();
+            Ok(0)
+        }
+
+        fn next_seq(&self) -> u32 {
+            0
+        }
+    }
+
+    /// GPU 1, unknown at a start after a loss, says its UUID while the
+    /// flash thread has fallen so far behind that the record of its
+    /// limits as not read since cannot be handed over (dropped, not a
+    /// flash refusal: never counted in [`Recorder::refused`]): the clear
+    /// no longer waits for its UUID, but it is not ready for this run,
+    /// and says why: a clear then would leave the next start reading the
+    /// store intact with no limits record for GPU 1, the limit found on
+    /// it (maybe a lease's cap) taken quietly for its ceiling.
+    #[test]
+    fn a_gpu_whose_record_is_not_kept_at_its_identification_keeps_the_mark() {
+        let stores = loopwarden_store::agent_flash::open(None).unwrap();
+        let r = Recorder::start(stores.log, stores.store, None).unwrap();
+        let (entered, entered_rx) = std::sync::mpsc::channel();
+        let (go_tx, go) = std::sync::mpsc::channel();
+        r.attach(Held {
+            entered: std::sync::Mutex::new(entered),
+            go: std::sync::Mutex::new(go),
+        });
+        r.publish(Message::Event(filler()), TimestampMs(1), false);
+        entered_rx.recv().unwrap();
+        for _ in 0..loopwarden_store::recorder::VITAL_MAX {
+            r.set("filler".into(), vec![0]);
+        }
+        let mut pending = PendingClear {
+            refused_before: r.refused(),
+            unkept: vec![1],
+            not_kept: Vec::new(),
+        };
+        const A: &str = "GPU-aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa";
+        let found: Result<Option<()>, String> = Ok(None);
+        assert!(futures::executor::block_on(pending.identified(
+            &r,
+            (1, A),
+            &found
+        )));
+        assert_eq!(pending.unkept(), &[] as &[u8]);
+        assert!(
+            !pending.ready(false),
+            "GPU 1's record not kept: the mark stays"
+        );
+        assert_eq!(pending.not_kept(), &[1]);
+        assert_eq!(r.refused(), 0, "not a refusal the clear would count");
+        go_tx.send(()).unwrap();
     }
 }
