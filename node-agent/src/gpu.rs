@@ -84,17 +84,10 @@ pub struct GpuSample {
     /// (with the slow counters); `None`: never read (not supported, or an
     /// older driver).
     pub recovery_action: Option<u8>,
-    /// The slow counters (retired pages, the row-remap flags, the
-    /// recovery action, energy, the aggregate ECC counts) are as last read
-    /// at an earlier sample, not read in this one; `false` (the default):
-    /// read in this one, as a source that reads every field every sample
-    /// does. The per-link NVLink counters are not among them: read with
-    /// the slow counters, they are also read at any sample whose NVLink
-    /// totals moved, whatever this says. Nor is the PCIe replay counter:
-    /// `pcie_held` says of it.
-    pub slow_held: bool,
     /// The PCIe replay counter is as last read at an earlier sample, not
-    /// read in this one: only on a GPU whose per-sample field-value query
+    /// read in this one (the other slow counters, read every few samples,
+    /// are said in no field: `nvml::sample`): only on a GPU whose
+    /// per-sample field-value query
     /// cannot carry it (it answers none of that query's other fields), which
     /// reads it with the slow counters; `false` (the default): read in
     /// this one.

@@ -281,7 +281,6 @@ impl TwinHost {
             nvlink_links: Default::default(),
             recovery_action: Some(g.recovery_action),
             // Every counter is read at every sample.
-            slow_held: false,
             pcie_held: false,
         })
     }

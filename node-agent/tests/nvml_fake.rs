@@ -109,7 +109,6 @@ fn healthy_gpu_sample_maps_every_field() {
         nvlink_links: Default::default(),
         recovery_action: Some(0),
         // The first sample reads the slow counters.
-        slow_held: false,
         pcie_held: false,
     };
     assert_eq!(sample, expected);

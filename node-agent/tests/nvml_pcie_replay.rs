@@ -25,9 +25,6 @@ fn replays(tenths: u64, t_ms: u64) -> u64 {
     tenths * t_ms / (10 * MINUTE_MS)
 }
 
-/// When (ms) one GPU behind the fake, sampled every second with its slow
-/// counters read every `slow_s` samples, is degraded for PCIe replays at
-/// `tenths`/10 a minute starting at `onset_ms`; `None`: not in 15 minutes.
 /// The fake's healthy GPU with nothing else to judge.
 fn quiet() -> Answers {
     let mut a = clean();
@@ -35,6 +32,9 @@ fn quiet() -> Answers {
     a
 }
 
+/// When (ms) one GPU behind the fake, sampled every second with its slow
+/// counters read every `slow_s` samples, is degraded for PCIe replays at
+/// `tenths`/10 a minute starting at `onset_ms`; `None`: not in 15 minutes.
 fn degraded_after(answers: Answers, slow_s: u32, tenths: u64, onset_ms: u64) -> Option<u64> {
     degraded_failing(answers, slow_s, tenths, onset_ms, None)
 }
@@ -130,7 +130,7 @@ fn the_replay_counter_rides_the_per_sample_field_query_without_a_call_of_its_own
         });
         let s = gpu.sample().expect("a sample");
         assert_eq!(s.pcie_replay, n as u32, "fresh");
-        assert!(!s.pcie_held && s.slow_held, "only the slow counters held");
+        assert!(!s.pcie_held, "not held");
         let asked = fake.field_requests(0).last().cloned().expect("asked");
         assert_eq!(
             asked,
@@ -212,6 +212,59 @@ fn a_failed_read_before_the_counter_is_held_leaves_the_held_samples_without_it()
     let s = gpu.sample().expect("held again");
     assert_eq!((s.pcie_replay, s.pcie_held), (40, true));
     assert!(!s.unsupported.contains(Unsupported::PCIE));
+}
+
+/// `node-agent probe` says the counter is read every sample exactly where
+/// the agent reads it every sample, whichever per-sample fields and query
+/// a GPU answers.
+#[test]
+fn probe_and_agent_agree_on_how_the_counter_is_read() {
+    use NvmlFailure::{InvalidArgument, NotSupported};
+    let without = |ids: &[u32], e: NvmlFailure| {
+        let mut a = quiet();
+        for &id in ids {
+            a.fields.insert(id, Err(e.clone()));
+        }
+        a
+    };
+    let mut no_call = quiet();
+    no_call.fields_call = Err(NotSupported);
+    let mut cases = vec![
+        ("all", quiet()),
+        (
+            "no HBM temperature",
+            without(&[fi::MEMORY_TEMP], NotSupported),
+        ),
+        ("no NVLink", without(&fi::NVLINK, NotSupported)),
+        (
+            "one NVLink total",
+            without(&fi::NVLINK[..2], InvalidArgument),
+        ),
+        ("no query", no_call),
+    ];
+    let none: Vec<u32> = [fi::MEMORY_TEMP].into_iter().chain(fi::NVLINK).collect();
+    cases.push(("none", without(&none, NotSupported)));
+    cases.push((
+        "none, no data",
+        without(&none, NvmlFailure::Other("no data".into())),
+    ));
+    for (name, answers) in cases {
+        let fake = FakeNvml::new(vec![answers.clone()]);
+        let row = node_agent::nvml::probe(&fake, 0, 1).pop().expect("rows");
+        let fake = FakeNvml::new(vec![answers]);
+        let mut gpu = NvmlGpu::new(Arc::new(fake), 0).slow_every(30);
+        gpu.sample().expect("the first sample");
+        let s = gpu.sample().expect("a sample between slow reads");
+        let every = !s.pcie_held && !s.unsupported.contains(Unsupported::PCIE);
+        assert_eq!(
+            row.call.ends_with("PCIe replays read every sample"),
+            every,
+            "{name}: {} / held {}, unsupported {:?}",
+            row.call,
+            s.pcie_held,
+            s.unsupported
+        );
+    }
 }
 
 /// `node-agent probe` names the query made every sample and says how the

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::sample::FAST_FIELDS;
+use super::sample::{pcie_rides, FAST_FIELDS};
 use super::{field, NvmlApi, NvmlFailure, NvmlResult};
 use node_core::health::NVLINK_LINKS;
 
@@ -193,7 +193,10 @@ fn made<A: NvmlApi>(
 /// The field-value query the agent makes every sample on GPU `gpu`, as
 /// the fields' own answers in `probes` make it: the per-sample fields the
 /// GPU does not refuse, with the PCIe replay counter where it does not
-/// refuse that either, and the row's name says how the counter is read.
+/// refuse that either, and the row's name says how the counter is read,
+/// decided as the agent decides it ([`pcie_rides`]; a field the agent
+/// has lost, answered then refused, it leaves out until asked again,
+/// which a probe cannot see).
 /// A GPU that refuses every other per-sample field makes no such query
 /// (no tries): the agent reads the counter with the slow counters.
 fn per_sample<A: NvmlApi>(api: &A, gpu: u32, tries: usize, probes: &[Probe]) -> Probe {
@@ -203,13 +206,21 @@ fn per_sample<A: NvmlApi>(api: &A, gpu: u32, tries: usize, probes: &[Probe]) -> 
             p.call == call && !matches!(p.answer.as_str(), "not supported" | "invalid argument")
         })
     };
-    let mut ids: Vec<u32> = FAST_FIELDS.into_iter().filter(|&id| asked(id)).collect();
-    let pcie = match (asked(field::PCIE_REPLAY_COUNTER), ids.is_empty()) {
+    // The query as a whole: refused, no field is asked in it.
+    let call = !probes.iter().any(|p| {
+        p.call.starts_with("nvmlDeviceGetFieldValues, all") && p.answer == "not supported"
+    });
+    let mut ids: Vec<u32> = FAST_FIELDS
+        .into_iter()
+        .filter(|&id| call && asked(id))
+        .collect();
+    let rides = pcie_rides(call, asked);
+    let pcie = match (asked(field::PCIE_REPLAY_COUNTER), rides) {
         (false, _) => "PCIe replays not supported",
-        (true, true) => "PCIe replays read with the slow counters",
-        (true, false) => "PCIe replays read every sample",
+        (true, false) => "PCIe replays read with the slow counters",
+        (true, true) => "PCIe replays read every sample",
     };
-    if !ids.is_empty() && asked(field::PCIE_REPLAY_COUNTER) {
+    if rides && asked(field::PCIE_REPLAY_COUNTER) {
         ids.push(field::PCIE_REPLAY_COUNTER);
     }
     let list: Vec<String> = ids.iter().map(u32::to_string).collect();

@@ -168,6 +168,16 @@ pub(super) const FAST_FIELDS: [u32; 4] = [
     field::NVLINK_RECOVERY_TOTAL,
 ];
 
+/// Whether the field-value query made every sample carries the PCIe
+/// replay counter, on a GPU that asks the query (`call`) and the fields
+/// `asks` says: one of [`FAST_FIELDS`] is asked. A GPU with none reads
+/// the counter with the slow counters, never in a query of its own every
+/// sample. The agent ([`NvmlGpu::pcie_rides`]) and `node-agent probe`
+/// decide by this.
+pub(super) fn pcie_rides(call: bool, asks: impl Fn(u32) -> bool) -> bool {
+    call && FAST_FIELDS.into_iter().any(asks)
+}
+
 impl<A: NvmlApi> NvmlGpu<A> {
     /// One sample: the fast fields, the slow ones when due, the held ones
     /// otherwise.
@@ -217,7 +227,6 @@ impl<A: NvmlApi> NvmlGpu<A> {
             self.link_fields(&mut s)?;
         }
         self.hold(&mut s, slow, (slow || links) && totals);
-        s.slow_held = !slow;
         s.unsupported = s.unsupported | self.held.unknown | self.unsupported();
         zero_unsupported(&mut s);
         self.since_slow = Some(if slow { 0 } else { prior.map_or(0, |n| n + 1) });
@@ -417,12 +426,10 @@ impl<A: NvmlApi> NvmlGpu<A> {
     }
 
     /// Whether the field-value query made every sample can carry the
-    /// PCIe replay counter: the query and one of its fields are asked (a
-    /// GPU with none asks the counter with the slow counters, never in a
-    /// query of its own every sample).
+    /// PCIe replay counter on this GPU now ([`pcie_rides`]).
     fn pcie_rides(&self) -> bool {
         let asks = |id: u32| self.support.asks(Item::Field(id));
-        self.support.asks(Item::FieldsCall) && FAST_FIELDS.into_iter().any(asks)
+        pcie_rides(self.support.asks(Item::FieldsCall), asks)
     }
 
     /// The field-value query: the fast fields (with the PCIe replay counter
