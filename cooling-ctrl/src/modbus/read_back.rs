@@ -17,7 +17,9 @@
 //! echoes function 6 but does not serve function 3 on its holding
 //! registers (or holds a write-only register in the run) would otherwise
 //! have every setting not taken every step, its lead pump's trip never
-//! judged and its setpoint never applied. After a run the CDU did not
+//! judged and its setpoint never applied. (The shell still reports one
+//! whose last write did not go in as not taken until a read-back reads
+//! it held, while acting on its echo: `Outcome::unsure`.) After a run the CDU did not
 //! answer (no answer, garbled, the link failed, a gateway that could not
 //! reach it), the later runs are not tried, as a read's later requests
 //! are not: each would wait out its own timeout, and a step waits at
@@ -37,8 +39,11 @@ pub struct ReadBack {
     /// the bad answer naming both: not taken.
     pub not_held: Vec<(Vec<Setting>, CduError)>,
     /// Runs whose read-back failed (no answer, refused, a bad answer):
-    /// their settings stay as their echo said (taken); the failure is to
-    /// be reported as a failed read.
+    /// their settings stay as their echo said (taken, for what the
+    /// controller acts on); the failure is to be reported as a failed
+    /// read, and the shell reports a setting whose last write did not go
+    /// in as not taken still (`Outcome::unsure`, unless the CDU does not
+    /// serve the read-back at all: exception 1 or 2).
     pub unread: Vec<(Vec<Setting>, CduError)>,
 }
 
