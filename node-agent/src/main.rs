@@ -59,6 +59,12 @@ enum Command {
         /// does); 0: at every sample, as the trace gives them.
         #[arg(long, default_value_t = 0)]
         slow_counters_s: u64,
+        /// Read the PCIe replay counter with the slow counters, held
+        /// between their reads, as the agent does on a GPU that answers
+        /// none of the per-sample field values (`node-agent probe` says
+        /// which: "PCIe replays read with the slow counters").
+        #[arg(long, requires = "slow_counters_s")]
+        pcie_with_slow: bool,
     },
     /// Ask the running agent.
     Ctl {
@@ -142,7 +148,8 @@ fn main() -> ExitCode {
         Command::Replay {
             trace,
             slow_counters_s,
-        } => replay(&trace, slow_counters_s.saturating_mul(1000)),
+            pcie_with_slow,
+        } => replay(&trace, slow_counters_s.saturating_mul(1000), pcie_with_slow),
         Command::Ctl { target, what } => {
             ctl_command(&target, &console::PEER, || request(what), console::render)
         }
@@ -199,7 +206,7 @@ fn request(what: Ctl) -> Result<Request, String> {
     })
 }
 
-fn replay(trace: &std::path::Path, slow_ms: u64) -> ExitCode {
+fn replay(trace: &std::path::Path, slow_ms: u64, pcie_with_slow: bool) -> ExitCode {
     let file = match std::fs::File::open(trace) {
         Ok(f) => f,
         Err(e) => {
@@ -210,10 +217,11 @@ fn replay(trace: &std::path::Path, slow_ms: u64) -> ExitCode {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     let mut notes = std::io::stderr();
-    let result = node_core::replay::replay_scheduled(
+    let result = node_core::replay::replay_as_agent(
         std::io::BufReader::new(file),
         node_core::health::Policy::default(),
         slow_ms,
+        pcie_with_slow,
         &mut out,
         &mut notes,
     );

@@ -162,11 +162,28 @@ pub fn replay(
 
 /// As [`replay`], with the slow counters read only every `slow_ms` as
 /// the live agent reads them ([`SlowCounters`]; 0: at every sample, as the
-/// trace gives them).
+/// trace gives them). The PCIe replay counter is fresh at every sample,
+/// as the agent reads it on a GPU with a per-sample field value.
 pub fn replay_scheduled(
     input: impl BufRead,
     policy: Policy,
     slow_ms: u64,
+    out: &mut impl Write,
+    notes: &mut impl Write,
+) -> Result<usize, ReplayError> {
+    replay_as_agent(input, policy, slow_ms, false, out, notes)
+}
+
+/// As [`replay_scheduled`], with the PCIe replay counter read with the
+/// slow counters too when `pcie_with_slow` ([`SlowCounters::pcie_with_slow`]):
+/// the schedule the agent runs on a GPU that answers none of the
+/// per-sample field values (no HBM temperature, no NVLink; `node-agent
+/// probe` says which).
+pub fn replay_as_agent(
+    input: impl BufRead,
+    policy: Policy,
+    slow_ms: u64,
+    pcie_with_slow: bool,
     out: &mut impl Write,
     notes: &mut impl Write,
 ) -> Result<usize, ReplayError> {
@@ -179,6 +196,9 @@ pub fn replay_scheduled(
     let mut engine = HealthEngine::new(header.gpus, limits, policy, TimestampMs(0));
     let mut state = vec![Observation::default(); header.gpus];
     let mut slow = SlowCounters::new(header.gpus, slow_ms);
+    if pcie_with_slow {
+        slow = slow.pcie_with_slow();
+    }
     let mut last_t = 0;
     let mut count = 0;
     // One buffer for every line: a day of a host is close to a million.
@@ -404,6 +424,49 @@ mod tests {
         replay(text.as_bytes(), Policy::default(), &mut out, &mut notes).expect("replays");
         let out = String::from_utf8(out).unwrap();
         assert!(out.contains("retired-pages-limit"), "{out}");
+    }
+
+    /// The verdict lines of 12 PCIe replays a minute on GPU 0, read every
+    /// second, replayed with the slow counters every 30 s, the PCIe
+    /// replay counter with them or not.
+    fn pcie_verdicts(pcie_with_slow: bool) -> String {
+        let mut lines = vec![HEAD.to_string()];
+        for s in 0..400u64 {
+            let n = s / 5;
+            lines.push(format!(
+                r#"{{"t_ms":{},"gpu":0,"sample":{{"pcie_replay":{n}}}}}"#,
+                s * 1000 + 700
+            ));
+        }
+        let (mut out, mut notes) = (Vec::new(), Vec::new());
+        let text = lines.join("\n");
+        replay_as_agent(
+            text.as_bytes(),
+            Policy::default(),
+            30_000,
+            pcie_with_slow,
+            &mut out,
+            &mut notes,
+        )
+        .expect("replays");
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn a_replay_plays_the_pcie_counter_read_with_the_slow_counters_when_asked() {
+        let fresh = pcie_verdicts(false);
+        let with_slow = pcie_verdicts(true);
+        assert!(fresh.contains("pcie-replay-rate"), "{fresh}");
+        assert!(with_slow.contains("pcie-replay-rate"), "{with_slow}");
+        let at = |out: &str| {
+            let v: serde_json::Value = serde_json::from_str(out.lines().next()?).ok()?;
+            v["t_ms"].as_u64()
+        };
+        let (fresh_at, slow_at) = (at(&fresh), at(&with_slow));
+        assert!(
+            fresh_at.is_some() && slow_at > fresh_at,
+            "read every sample at {fresh_at:?}, with the slow counters at {slow_at:?}"
+        );
     }
 
     #[test]
