@@ -108,6 +108,10 @@ const FLASH_REFUSED: Metric = Metric::counter(
     "loopwarden_flash_config_refused_total",
     "Config values (replay floors, limits, health states, the cooling-loss phase) the flash refused to keep: full, worn or an I/O error. Each is logged at error; above 0, a restart may forget what they held.",
 );
+const CONFIG_LOST: Metric = Metric::gauge(
+    "loopwarden_config_store_lost",
+    "1 for each thing the lost mark of a config store found lost at this start still waits for, by waiting_for: gpu_uuid (with gpu: a GPU whose UUID was unknown at the start, not said since), cooling_phase (the CDU's word), gpu_record (with gpu: its records not kept when it said its UUID: the mark stays for this run), this_run (what the start took back not kept: the mark stays for this run), clear (all kept, the clear under way). A single series without waiting_for, 0, when the store was found intact or its mark is cleared. Till it clears every restart reads the store as lost.",
+);
 const LEASES: Metric = Metric::gauge(
     "loopwarden_leases_active",
     "Power-cap leases held now (from the cooling controller, a facility budget or an operator).",
@@ -258,6 +262,7 @@ fn loop_state(out: &mut Exposition, s: &Snapshot, host: &[(&str, &str)]) {
     out.sample(&ACKS_WITHHELD, host, s.acks_withheld as f64);
     out.sample(&LEASES, host, s.leases.len() as f64);
     site_actions(out, &s.actions, host);
+    config_lost(out, s.config_lost.as_ref(), host);
     use node_core::cooling_loss::Phase;
     let known = !s.cooling_unknown;
     for (name, on) in [
@@ -270,6 +275,33 @@ fn loop_state(out: &mut Exposition, s: &Snapshot, host: &[(&str, &str)]) {
         ),
     ] {
         out.flag(&COOLING, &with_labels(host, &[("phase", name)]), on);
+    }
+}
+
+/// What the lost mark of a config store found lost still waits for: one
+/// series per thing, or one 0 when there is none.
+fn config_lost(
+    out: &mut Exposition,
+    lost: Option<&crate::console::snapshot::ConfigLost>,
+    host: &[(&str, &str)],
+) {
+    let Some(c) = lost else {
+        out.sample(&CONFIG_LOST, host, 0.0);
+        return;
+    };
+    let mut waits: Vec<(&str, Option<u8>)> = Vec::new();
+    waits.extend(c.waiting_for.iter().map(|&g| ("gpu_uuid", Some(g))));
+    waits.extend(c.phase_unknown.then_some(("cooling_phase", None)));
+    waits.extend(c.not_kept.iter().map(|&g| ("gpu_record", Some(g))));
+    waits.extend(c.stays.is_some().then_some(("this_run", None)));
+    waits.extend(c.clearing.then_some(("clear", None)));
+    for (what, gpu) in waits {
+        let gpu = gpu.map(|g| g.to_string());
+        let mut labels = with_labels(host, &[("waiting_for", what)]);
+        if let Some(g) = &gpu {
+            labels = with_labels(&labels, &[("gpu", g.as_str())]);
+        }
+        out.sample(&CONFIG_LOST, &labels, 1.0);
     }
 }
 
@@ -665,6 +697,37 @@ mod tests {
         assert!(phase(&snap, "cooled") && !phase(&snap, "unknown"));
         snap.cooling_unknown = true;
         assert!(phase(&snap, "unknown") && !phase(&snap, "cooled"));
+    }
+
+    /// A config store found lost: one series per thing its lost mark
+    /// waits for, naming the GPU; a single 0 when there is none.
+    #[test]
+    fn a_lost_config_stores_mark_names_what_it_waits_for() {
+        let host = [("Hostname", "h07")];
+        let text = |snap: &Snapshot| {
+            let mut out = Exposition::new();
+            loop_state(&mut out, snap, &host);
+            out.finish()
+        };
+        let mut snap = Snapshot::default();
+        let intact = text(&snap);
+        assert!(
+            intact.contains("loopwarden_config_store_lost{Hostname=\"h07\"} 0"),
+            "{intact}"
+        );
+        snap.config_lost = Some(crate::console::snapshot::ConfigLost {
+            waiting_for: vec![1],
+            phase_unknown: true,
+            ..Default::default()
+        });
+        let lost = text(&snap);
+        for line in [
+            "loopwarden_config_store_lost{Hostname=\"h07\",waiting_for=\"gpu_uuid\",gpu=\"1\"} 1",
+            "loopwarden_config_store_lost{Hostname=\"h07\",waiting_for=\"cooling_phase\"} 1",
+        ] {
+            assert!(lost.contains(line), "{line} in\n{lost}");
+        }
+        assert!(!lost.contains("loopwarden_config_store_lost{Hostname=\"h07\"} 0"));
     }
 
     /// Every family the agent writes is in `docs/node-agent.md`, section 9.

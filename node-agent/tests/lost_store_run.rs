@@ -102,6 +102,14 @@ fn a_lost_store_whose_phase_the_cdu_decides_clears_its_mark_in_that_run() {
         status["cooling_loss"]["phase"], "unknown",
         "the log is not whole: the phase is the CDU's to decide"
     );
+    assert_eq!(
+        (
+            &status["config_lost"]["phase_unknown"],
+            &status["config_lost"]["waiting_for"]
+        ),
+        (&serde_json::json!(true), &serde_json::json!([])),
+        "ctl status says the lost mark waits for the CDU's word: {status}"
+    );
     rig.publish_cdu_state(false, 1);
     assert_eq!(phase_known(&agent), "cooled", "the CDU's word taken");
     // The mark is cleared off the loop, in order after the phase; a clean

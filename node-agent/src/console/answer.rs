@@ -106,6 +106,13 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
         // floors) the flash refused to keep: a restart may forget them.
         "flash_refused": ctx.recorder.refused().max(snap.flash_refused),
         "flash_refused_at": snap.flash_refused_at.map(|t| t.0),
+        "config_lost": snap.config_lost.as_ref().map(|c| json!({
+            "waiting_for": c.waiting_for,
+            "phase_unknown": c.phase_unknown,
+            "not_kept": c.not_kept,
+            "stays": c.stays,
+            "clearing": c.clearing,
+        })),
         "demo_key": ctx.demo_key,
         "protection_off": protection_off_view(&ctx.protection_off),
     })

@@ -157,6 +157,9 @@ fn warning_rows(v: &Value) -> Vec<(&'static str, String)> {
             ),
         ));
     }
+    if v["config_lost"].is_object() {
+        rows.push(("CONFIG LOST", config_lost_line(&v["config_lost"])));
+    }
     if let Some(n @ 1..) = v["gpus_missing"].as_u64() {
         rows.push((
             "MISSING",
@@ -228,6 +231,46 @@ fn warning_rows(v: &Value) -> Vec<(&'static str, String)> {
         rows.push(("PROTECTION OFF", s(&off["said"])));
     }
     rows
+}
+
+/// The config store found lost at this start, its lost mark standing
+/// (`config_lost`): what its clear waits for, or why it stays for the
+/// run; till it clears, every restart reads the store as lost.
+fn config_lost_line(c: &Value) -> String {
+    let list =
+        |k: &str| -> Vec<String> { (c[k].as_array().into_iter().flatten()).map(s).collect() };
+    let gpus = |g: &[String]| match g {
+        [one] => format!("GPU {one}"),
+        _ => format!("GPUs {}", g.join(", ")),
+    };
+    let restart = "every restart reads the store as lost (quarantines taken from the event log, \
+                   every other GPU degraded, kept-state-unreadable)";
+    let not_kept = list("not_kept");
+    if let Some(why) = c["stays"].as_str() {
+        return format!("its lost mark stays for this run ({why}): {restart}; see the log");
+    }
+    if !not_kept.is_empty() {
+        return format!(
+            "its lost mark stays for this run: the records of {} not kept when it said its UUID: {restart}; see the log",
+            gpus(&not_kept)
+        );
+    }
+    if c["clearing"].as_bool() == Some(true) {
+        return "all taken back is kept: its lost mark is being cleared".into();
+    }
+    let mut waits = Vec::new();
+    match &list("waiting_for")[..] {
+        [] => {}
+        [one] => waits.push(format!("GPU {one} to say its UUID")),
+        many => waits.push(format!("{} to say their UUIDs", gpus(many))),
+    }
+    if c["phase_unknown"].as_bool() == Some(true) {
+        waits.push("the CDU's word on the cooling-loss phase".into());
+    }
+    format!(
+        "its lost mark waits for {}: until it clears, {restart}",
+        waits.join(" and ")
+    )
 }
 
 fn gpus(v: &Value) -> String {
@@ -484,6 +527,40 @@ mod tests {
         );
         for kept in [json!({"flash_refused": 0}), json!({})] {
             assert!(!render(&Request::Status, &kept).contains("FLASH"));
+        }
+    }
+
+    /// A config store found lost whose lost mark stands: a row names what
+    /// its clear still waits for (a GPU to say its UUID, the CDU's word),
+    /// or why it stays for the run; none once it is cleared.
+    #[test]
+    fn status_names_what_a_lost_config_stores_mark_waits_for() {
+        let row = |v: &Value| {
+            let text = render(&Request::Status, v);
+            (text.lines())
+                .find(|l| l.starts_with("CONFIG LOST "))
+                .unwrap_or_else(|| panic!("no CONFIG LOST row in\n{text}"))
+                .to_string()
+        };
+        let gpu = row(&json!({"config_lost": {"waiting_for": [1]}}));
+        assert!(
+            gpu.contains("waits for GPU 1 to say its UUID")
+                && gpu.contains("every restart reads the store as lost"),
+            "{gpu}"
+        );
+        let both = row(&json!({"config_lost": {"waiting_for": [1, 3], "phase_unknown": true}}));
+        assert!(
+            both.contains("GPUs 1, 3 to say their UUIDs")
+                && both.contains("the CDU's word on the cooling-loss phase"),
+            "{both}"
+        );
+        let stays = row(&json!({"config_lost": {"not_kept": [2]}}));
+        assert!(
+            stays.contains("stays for this run") && stays.contains("GPU 2"),
+            "{stays}"
+        );
+        for cleared in [json!({"config_lost": null}), json!({})] {
+            assert!(!render(&Request::Status, &cleared).contains("CONFIG LOST"));
         }
     }
 

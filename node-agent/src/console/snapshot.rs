@@ -197,6 +197,28 @@ pub struct Snapshot {
     pub flash_refused_at: Option<TimestampMs>,
     /// The longest the agent waits for one GPU call (`deadline_ms`).
     pub deadline: Duration,
+    /// The config store found lost at this start, its lost mark standing
+    /// (every start reads the store as lost until it clears): what the
+    /// clear waits for. `None`: found intact, or the mark cleared.
+    pub config_lost: Option<ConfigLost>,
+}
+
+/// What the lost mark of a config store found lost at this start still
+/// waits for, or why it stays for this run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConfigLost {
+    /// The GPUs whose UUIDs were unknown at the start and not said since.
+    pub waiting_for: Vec<u8>,
+    /// The cooling-loss phase not known yet: the CDU's word decides it.
+    pub phase_unknown: bool,
+    /// The GPUs identified since whose records were not kept: the mark
+    /// stays for this run.
+    pub not_kept: Vec<u8>,
+    /// Why the mark stays for this run whatever comes (what the start
+    /// took back not kept), if it does.
+    pub stays: Option<String>,
+    /// All kept: the clear is under way.
+    pub clearing: bool,
 }
 
 impl Snapshot {

@@ -235,6 +235,7 @@ pub(super) async fn keep_after_loss(
         refused_before,
         unkept,
         not_kept: Vec::new(),
+        stays: None,
     })
 }
 
@@ -266,6 +267,9 @@ pub(crate) struct PendingClear {
     /// the flash (a queue full, the flash thread gone: not counted as
     /// refused): the mark stays for this run.
     not_kept: Vec<u8>,
+    /// Why the mark stays for this run whatever comes (what the start
+    /// took back not kept: [`keep_after_loss`] failed), if it does.
+    stays: Option<String>,
 }
 
 impl PendingClear {
@@ -273,7 +277,33 @@ impl PendingClear {
     /// known (`cooling_unknown`: not yet), and every GPU unknown at the
     /// start identified since, its records kept.
     pub(super) fn ready(&self, cooling_unknown: bool) -> bool {
-        !cooling_unknown && self.unkept.is_empty() && self.not_kept.is_empty()
+        !cooling_unknown
+            && self.unkept.is_empty()
+            && self.not_kept.is_empty()
+            && self.stays.is_none()
+    }
+
+    /// A mark that stays for this run whatever comes (`why`): shown as
+    /// such, never cleared.
+    fn stays(why: String) -> Self {
+        Self {
+            refused_before: 0,
+            unkept: Vec::new(),
+            not_kept: Vec::new(),
+            stays: Some(why),
+        }
+    }
+
+    /// What the clear still waits for, as the console and `/metrics`
+    /// show it (`cooling_unknown`: the phase not known yet).
+    fn view(&self, cooling_unknown: bool) -> crate::console::snapshot::ConfigLost {
+        crate::console::snapshot::ConfigLost {
+            waiting_for: self.unkept.clone(),
+            phase_unknown: cooling_unknown,
+            not_kept: self.not_kept.clone(),
+            stays: self.stays.clone(),
+            clearing: false,
+        }
     }
 
     /// The GPUs identified since the start whose records were not kept:
@@ -384,7 +414,10 @@ impl super::Agent {
                 self.lost_mark = Some(pending);
                 self.clear_lost_mark_once_kept();
             }
-            Err(e) => tracing::error!("{e}"),
+            Err(e) => {
+                tracing::error!("{e}");
+                self.lost_mark = Some(PendingClear::stays(e));
+            }
         }
     }
 
@@ -429,6 +462,21 @@ impl super::Agent {
             return;
         };
         self.lost_mark_clearing = Some(spawn_clear(self.recorder.clone(), pending));
+    }
+
+    /// The config store found lost at this start, its lost mark standing:
+    /// what its clear waits for (the console's `config_lost`, the
+    /// `loopwarden_config_store_lost` gauge); `None` when found intact or
+    /// once the clear is done (one that failed said in the log).
+    pub(super) fn config_lost_view(&self) -> Option<crate::console::snapshot::ConfigLost> {
+        if let Some(pending) = &self.lost_mark {
+            return Some(pending.view(self.node.cooling_unknown()));
+        }
+        let clearing = (self.lost_mark_clearing.as_ref()).is_some_and(|c| !c.is_finished());
+        clearing.then(|| crate::console::snapshot::ConfigLost {
+            clearing: true,
+            ..Default::default()
+        })
     }
 
     /// At a clean stop: waits (at most [`CLEAR_WAIT`]) for the lost
@@ -853,6 +901,7 @@ mod tests {
             refused_before: r.refused(),
             unkept: vec![1],
             not_kept: Vec::new(),
+            stays: None,
         };
         const A: &str = "GPU-aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa";
         let found: Result<Option<()>, String> = Ok(None);

@@ -59,6 +59,7 @@ impl Agent {
             flash_refused,
             flash_refused_at,
             deadline: self.config.deadline,
+            config_lost: self.config_lost_view(),
         }
     }
 
