@@ -59,6 +59,17 @@ fn not_served(e: &crate::modbus::CduError) -> bool {
     matches!(e.refused_code(), Some(1 | 2))
 }
 
+/// A setting not known taken since its last write did not go in.
+#[derive(Debug)]
+struct NotTaken {
+    setting: Setting,
+    /// Read back holding another value, and not read back held since:
+    /// why. A safety setting so holds the heartbeat back; a write of it
+    /// refused or not planned, or a read-back that fails (even one the
+    /// CDU does not serve at all), leaves it so.
+    not_held: Option<String>,
+}
+
 /// The CDU, the board, and what each last said.
 pub(super) struct Devices<P> {
     pub(super) cdu: P,
@@ -75,18 +86,16 @@ pub(super) struct Devices<P> {
     /// written, so the CDU falls back to its own control while its
     /// echoes say one thing and its registers another.
     safety_not_held: Failing,
-    /// The safety settings found not held, each with why: one leaves
-    /// only when a read-back reads it held. A read-back that fails, or a
-    /// write refused or not planned (so not read back), leaves it.
-    safety_unheld: Vec<(Setting, String)>,
     /// The settings whose last write did not go in (refused, not
     /// answered, not tried, read back holding another value, or not read
-    /// back since one of those): one leaves when a write of it goes in and
-    /// is read back held, or needs no read-back (the heartbeat; a CDU
-    /// that does not serve the read-back, exception 1 or 2). Until then a
-    /// read-back of it that fails leaves it not taken: its echo alone
-    /// does not say the CDU takes it again.
-    not_taken: Vec<Setting>,
+    /// back since one of those), each with whether it was read back not
+    /// held ([`NotTaken`]): one leaves when a write of it goes in and is
+    /// read back held, or needs no read-back (the heartbeat; a CDU that
+    /// does not serve the read-back, exception 1 or 2, for one not read
+    /// back not held). Until then a read-back of it that fails leaves it
+    /// not taken: its echo alone does not say the CDU takes it again. A
+    /// safety setting read back not held holds the heartbeat back.
+    not_taken: Vec<NotTaken>,
     board_errors: BoardErrors,
     /// When the CDU last answered a read.
     pub(super) last_read: Option<TimestampMs>,
@@ -149,7 +158,6 @@ impl<P: CduPort> Devices<P> {
             write_error: Failing::default(),
             read_back_error: Failing::default(),
             safety_not_held: Failing::default(),
-            safety_unheld: Vec::new(),
             not_taken: Vec::new(),
             board_errors: BoardErrors::default(),
             last_read: None,
@@ -235,7 +243,7 @@ impl<P: CduPort> Devices<P> {
         if read_back {
             self.read_back(plan, &mut outcome, &mut first, stats).await;
         }
-        self.judge_taken(&outcome, read_back);
+        self.judge_taken(&outcome);
         self.judge_writes(first, stats);
         stats.heartbeat_held = beat_held;
         outcome
@@ -252,20 +260,27 @@ impl<P: CduPort> Devices<P> {
     }
 
     /// Keeps [`Devices::not_taken`] after a step's `outcome`: a setting
-    /// that failed joins it; one that went in leaves it when its read-back
-    /// was tried and did not leave it unsure (`read_back`;
-    /// [`Outcome::unsure`]), or it needs none (the heartbeat).
-    fn judge_taken(&mut self, outcome: &Outcome, read_back: bool) {
-        let unsure = |s: &Setting| outcome.unsure.iter().any(|(t, _)| t == s);
+    /// that failed joins it; the heartbeat that went in leaves it (it
+    /// needs no read-back). The others leave it with their read-back
+    /// ([`Devices::judge_held`]).
+    fn judge_taken(&mut self, outcome: &Outcome) {
         for (s, r) in &outcome.tried {
             if r.is_err() {
-                if !self.not_taken.contains(s) {
-                    self.not_taken.push(*s);
+                if self.not_taken(*s).is_none() {
+                    self.not_taken.push(NotTaken {
+                        setting: *s,
+                        not_held: None,
+                    });
                 }
-            } else if (read_back && !unsure(s)) || *s == Setting::Heartbeat {
-                self.not_taken.retain(|t| t != s);
+            } else if *s == Setting::Heartbeat {
+                self.not_taken.retain(|t| t.setting != *s);
             }
         }
+    }
+
+    /// The setting `s` as not taken, if it is.
+    fn not_taken(&self, s: Setting) -> Option<&NotTaken> {
+        self.not_taken.iter().find(|t| t.setting == s)
     }
 
     /// The step's read-back of the writes that went in
@@ -275,7 +290,8 @@ impl<P: CduPort> Devices<P> {
     /// logged once per change of its text ([`Devices::judge_read_back`]).
     /// One of them whose last write did not go in ([`Devices::not_taken`];
     /// the CDU refusing to serve the read-back at all, [`not_served`],
-    /// aside) is taken on its echo still, but recorded as not known taken
+    /// aside, for one never read back holding another value) is taken on
+    /// its echo still, but recorded as not known taken
     /// ([`Outcome::unsure`]): the step's writes are reported as not all
     /// taken, and the failure counted and logged.
     async fn read_back(
@@ -297,7 +313,23 @@ impl<P: CduPort> Devices<P> {
         }
         let back = self.cdu.read_back(&went_in).await;
         self.judge_read_back(&back.unread, stats);
-        self.judge_safety_held(&went_in, &back);
+        // A setting not taken before whose read-back failed: taken on its
+        // echo (what the decision path acts on), but not known taken,
+        // unless the CDU serves no read-back at all and it was not read
+        // back not held. The heartbeat is never read back (its echo is
+        // checked).
+        for (settings, e) in &back.unread {
+            let why = format!("not read back since its write did not go in: {e}");
+            let unsure = |s: &&Setting| {
+                let t = self.not_taken(**s);
+                t.is_some_and(|t| !not_served(e) || t.not_held.is_some())
+            };
+            for s in settings.iter().filter(unsure) {
+                first.get_or_insert_with(|| format!("{}: {why}", s.register()));
+                let _ = (outcome.unsure).push((*s, crate::decide::said::words(&why)));
+            }
+        }
+        self.judge_held(&went_in, &back);
         for (settings, e) in back.not_held {
             let why = e.to_string();
             for s in settings {
@@ -305,18 +337,6 @@ impl<P: CduPort> Devices<P> {
                 if let Some(tried) = outcome.tried.iter_mut().find(|(t, _)| *t == s) {
                     tried.1 = Err(crate::decide::said::words(&why));
                 }
-            }
-        }
-        // A setting not taken before whose read-back failed: taken on its
-        // echo (what the decision path acts on), but not known taken,
-        // unless the CDU serves no read-back at all. The heartbeat is
-        // never read back (its echo is checked).
-        let unsure = |s: &&Setting| **s != Setting::Heartbeat && self.not_taken.contains(s);
-        for (settings, e) in back.unread.iter().filter(|(_, e)| !not_served(e)) {
-            let why = format!("not read back since its write did not go in: {e}");
-            for s in settings.iter().filter(unsure) {
-                first.get_or_insert_with(|| format!("{}: {why}", s.register()));
-                let _ = (outcome.unsure).push((*s, crate::decide::said::words(&why)));
             }
         }
     }
@@ -362,31 +382,49 @@ impl<P: CduPort> Devices<P> {
     /// setting not held that none has read held since: then it is not
     /// written this step.
     fn heartbeat_held(&self, w: &Write) -> bool {
-        w.setting == Setting::Heartbeat && !self.safety_unheld.is_empty()
+        w.setting == Setting::Heartbeat && self.unheld_safety().next().is_some()
+    }
+
+    /// The safety settings read back not held and not read back held
+    /// since, each with why.
+    fn unheld_safety(&self) -> impl Iterator<Item = (Setting, &str)> {
+        (self.not_taken.iter())
+            .filter(|t| t.setting.safety())
+            .filter_map(|t| t.not_held.as_deref().map(|why| (t.setting, why)))
     }
 
     /// The read-back `back` of the step's writes that went in
-    /// (`went_in`): a safety setting found holding another value holds
-    /// the heartbeat back until a read-back reads it held (one not read
-    /// back, its read-back failed or its write not gone in, stays as it
-    /// was); said once per change of why; its end said.
-    fn judge_safety_held(&mut self, went_in: &[Write], back: &crate::modbus::ReadBack) {
+    /// (`went_in`) kept in [`Devices::not_taken`]: a setting read back
+    /// held leaves it, and one whose read-back the CDU does not serve at
+    /// all (exception 1 or 2) unless it was read back not held; one found
+    /// holding another value is not taken, not held. A safety setting so
+    /// holds the heartbeat back until a read-back reads it held (one not
+    /// read back, its read-back failed or its write not gone in, stays as
+    /// it was); said once per change of why; its end said.
+    fn judge_held(&mut self, went_in: &[Write], back: &crate::modbus::ReadBack) {
         let listed = |failures: &[(Vec<Setting>, CduError)], s: Setting| {
             failures.iter().any(|(set, _)| set.contains(&s))
         };
-        self.safety_unheld.retain(|(s, _)| {
-            let read_held = went_in.iter().any(|w| w.setting == *s)
-                && !listed(&back.unread, *s)
-                && !listed(&back.not_held, *s);
-            !read_held
+        let not_served =
+            |s: Setting| (back.unread.iter()).any(|(set, e)| set.contains(&s) && not_served(e));
+        self.not_taken.retain(|t| {
+            let s = t.setting;
+            let went = went_in.iter().any(|w| w.setting == s);
+            let read_held = went && !listed(&back.unread, s) && !listed(&back.not_held, s);
+            // Leaves: read held, or not served and never read not held.
+            let echo_enough = went && not_served(s) && t.not_held.is_none();
+            !(read_held || echo_enough)
         });
         for (settings, e) in &back.not_held {
-            for s in settings.iter().filter(|s| s.safety()) {
-                self.safety_unheld.retain(|(t, _)| t != s);
-                self.safety_unheld.push((*s, e.to_string()));
+            for s in settings {
+                self.not_taken.retain(|t| t.setting != *s);
+                self.not_taken.push(NotTaken {
+                    setting: *s,
+                    not_held: Some(e.to_string()),
+                });
             }
         }
-        if self.safety_unheld.is_empty() {
+        if self.unheld_safety().next().is_none() {
             if let Some(e) = self.safety_not_held.worked() {
                 tracing::info!(
                     "cooling shell: the CDU holds its safety settings again (read back): the \
@@ -396,8 +434,7 @@ impl<P: CduPort> Devices<P> {
             return;
         }
         let said: Vec<String> = self
-            .safety_unheld
-            .iter()
+            .unheld_safety()
             .map(|(s, e)| format!("{}: {e}", s.register()))
             .collect();
         let why = said.join("; ");
@@ -816,6 +853,69 @@ mod tests {
         }
     }
 
+    /// A CDU that echoes every write, whose first read-back finds the
+    /// valves not held and whose later ones it refuses with exception 1
+    /// (no function 3 there).
+    #[derive(Default)]
+    struct ValvesThenNotServed {
+        read_backs: usize,
+    }
+
+    impl CduPort for ValvesThenNotServed {
+        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
+            Ok(CduMeasurements::default())
+        }
+        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
+            Ok(())
+        }
+        async fn read_back(&mut self, written: &[Write]) -> ReadBack {
+            self.read_backs += 1;
+            if self.read_backs == 1 {
+                return ValvesNotHeld.read_back(written).await;
+            }
+            let e = crate::modbus::CduError::Refused {
+                op: "read back holding 0-4 (supply_setpoint to pumps_run)".into(),
+                code: 1,
+                meaning: crate::modbus::exception_meaning(1),
+            };
+            let settings = written.iter().map(|w| w.setting).collect();
+            ReadBack {
+                unread: vec![(settings, e)],
+                ..ReadBack::default()
+            }
+        }
+        fn limits(&self) -> MapLimits {
+            Silent::default().limits()
+        }
+        fn pump_fault_bits(&self) -> [bool; 2] {
+            [true; 2]
+        }
+    }
+
+    /// A safety setting read back not held is one setting not taken: a
+    /// CDU that then stops serving the read-back (exception 1) leaves it
+    /// so, reported not taken for as long as it holds the heartbeat back,
+    /// never reported taken while the heartbeat is held for it.
+    #[test]
+    fn a_setting_not_held_is_reported_not_taken_while_it_holds_the_heartbeat_back() {
+        let mut d = Devices::new(ValvesThenNotServed::default(), None);
+        let mut stats = ShellStats::default();
+        let steps: Vec<(bool, bool)> = (0..4)
+            .map(|_| {
+                let o = run(d.write(&every_setting(), &mut stats));
+                let unsure = o.unsure.iter().any(|(s, _)| *s == Setting::Valves);
+                let valves_failed = !o.taken().valves;
+                (unsure || valves_failed, stats.heartbeat_held.is_some())
+            })
+            .collect();
+        // Step 1 reads the valves not held (its beat went out); the next
+        // ones hold the beat back and report the valves not taken.
+        assert_eq!(
+            steps,
+            [(true, false), (true, true), (true, true), (true, true)]
+        );
+    }
+
     /// The valves found not held stay so until a read-back reads them
     /// held: a read-back that fails in between does not let the heartbeat
     /// out again.
@@ -922,8 +1022,7 @@ mod tests {
     /// whose read-back fails (exception 6, busy), but the step's writes
     /// are not all taken and the write failure stays in force: its echo
     /// alone does not say the CDU takes it again. Read back held, all is
-    /// taken and the failure's end said. A CDU that does not serve the
-    /// read-back at all (exception 1) has its echo taken.
+    /// taken and the failure's end said.
     #[test]
     fn a_read_back_that_fails_after_a_failed_write_leaves_the_writes_not_all_taken() {
         let steps = |code: u8| {
@@ -961,12 +1060,16 @@ mod tests {
             "{said}"
         );
         assert!(busy[2].2.is_none(), "read back held: its end said");
+        // A CDU that stops serving the read-back (exception 1) says
+        // nothing new of a setting it was read holding another value of:
+        // still reported not taken (taken on its echo), until read held.
         let not_served = steps(1);
         assert_eq!(
             not_served.iter().map(|s| (s.0, s.1)).collect::<Vec<_>>(),
-            [(false, false), (true, true), (true, true)]
+            [(false, false), (true, false), (true, true)]
         );
-        assert!(not_served[1].2.is_none());
+        let said = not_served[1].2.as_deref().unwrap_or_default();
+        assert!(said.contains("exception 1"), "{said}");
     }
 
     #[test]
@@ -1198,7 +1301,6 @@ mod tests {
             write_error: Failing::default(),
             read_back_error: Failing::default(),
             safety_not_held: Failing::default(),
-            safety_unheld: Vec::new(),
             not_taken: Vec::new(),
             board_errors: BoardErrors::default(),
             last_read: None,

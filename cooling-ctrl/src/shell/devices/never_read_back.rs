@@ -13,10 +13,11 @@ use loopwarden_protocol::message::{Event, Pump};
 
 /// A CDU that refuses every write of its first step (exception 4, a
 /// device failure; the setpoint its last), echoes every write after, and
-/// answers no read-back.
+/// answers no read-back (or refuses it with exception 1: `not_served`).
 #[derive(Default)]
 struct NeverReadBack {
     setpoint_refused: bool,
+    not_served: bool,
 }
 
 impl CduPort for NeverReadBack {
@@ -35,9 +36,14 @@ impl CduPort for NeverReadBack {
         })
     }
     async fn read_back(&mut self, written: &[Write]) -> ReadBack {
-        let e = CduError::NoAnswer {
-            op: "read back holding 0-20".into(),
-            after_ms: 500,
+        let op = "read back holding 0-20".to_string();
+        let e = match self.not_served {
+            false => CduError::NoAnswer { op, after_ms: 500 },
+            true => CduError::Refused {
+                op,
+                code: 1,
+                meaning: crate::modbus::exception_meaning(1),
+            },
         };
         ReadBack {
             unread: vec![(written.iter().map(|w| w.setting).collect(), e)],
@@ -162,4 +168,22 @@ fn a_valve_close_echoed_but_never_read_back_is_the_word_taken() {
     assert_eq!(c.valves_open & 0b0100, 0, "rack 2 told to close");
     assert!(o.taken().valves && !o.taken().all, "{o:?}");
     assert_eq!(decider.valves_taken(), Some(c.valves_open));
+}
+
+/// A CDU that serves no read-back at all (exception 1) after its writes
+/// were refused: their echo is taken, and reported taken, from the step
+/// they go in.
+#[test]
+fn a_cdu_that_serves_no_read_back_has_its_echoes_taken_after_a_refusal() {
+    let cdu = NeverReadBack {
+        not_served: true,
+        ..NeverReadBack::default()
+    };
+    let (mut decider, mut d) = started(cdu);
+    let all: Vec<bool> = (0..3)
+        .map(|s| step(&mut decider, &mut d, s, &measured(true, 0)).1)
+        .map(|o| o.taken().all)
+        .collect();
+    assert_eq!(all, [false, true, true]);
+    assert!(d.write_error.0.is_none(), "{:?}", d.write_error.0);
 }
