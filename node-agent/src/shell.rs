@@ -389,7 +389,9 @@ async fn restore_kept(
     let last = lost_store::last_changes(log, gpus.len()).await;
     let (logged, logged_phase) = match config_lost {
         true => (
-            Some(startup::logged_quarantines(&last, gpus.len())),
+            Some(
+                startup::logged_quarantines_at(log, &last, gpus.len(), config.expected_gpus).await,
+            ),
             Some(logged_phase(log, config).await),
         ),
         false => (None, None),

@@ -20,7 +20,10 @@
 //! Each GPU index's last health change in the log (`health_changed`,
 //! by index: the log names no UUID) stands for the health the store kept
 //! of the GPU there: after a loss, a last change to quarantined is
-//! quarantined again (`super::startup::restore_health`). So the log
+//! quarantined again (`super::startup::restore_health`; where the start
+//! sees a GPU missing, the log naming an index not found or fewer GPUs
+//! than expected, its evidence says it may be another GPU, renumbered:
+//! `super::startup::logged_quarantines_at`). So the log
 //! matches the store at every start with the store intact
 //! ([`match_log`]): a GPU that starts other than the log's last change of
 //! its index says, quarantined or not (another GPU in the slot, the one
@@ -539,7 +542,7 @@ pub(super) async fn finish_clear(clearing: tokio::task::JoinHandle<()>) {
 
 /// Why the lost mark waits for a GPU whose UUID is unknown: said at the
 /// start and at a stop before it said it.
-const UNKEPT_WHY: &str = "such a GPU's state taken back (a quarantine from the event log included) is kept under no UUID, so a start that read the store intact would take it as healthy, its quarantine forgotten, and the limit found on it (maybe a cap) for its site's limit; a start that reads the store lost takes its quarantine from the event log again, and marks every other GPU not quarantined degraded (kept-state-unreadable) until its quiet period passes; a GPU off the bus for good: take it out of the host and restart";
+const UNKEPT_WHY: &str = "such a GPU's state taken back (a quarantine from the event log included) is kept under no UUID, so a start that read the store intact would take it as healthy, its quarantine forgotten, and the limit found on it (maybe a cap) for its site's limit; a start that reads the store lost takes its quarantine from the event log again, and marks every other GPU not quarantined degraded (kept-state-unreadable) until its quiet period passes; a GPU off the bus for good: take it out of the host and restart, but the next start still reads the store as lost and takes the event log's quarantines by index: where the GPUs after it are renumbered, its quarantine lands on the GPU now at its index (said in that GPU's evidence when the log names an index not found or fewer than expected_gpus are found: check it, release it if healthy)";
 
 /// How long a clean stop waits for the lost mark's clear under way: the
 /// flash's writes handed before it, then the mark.

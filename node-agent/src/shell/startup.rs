@@ -15,8 +15,8 @@ use loopwarden_bus::embedded::EmbeddedBroker;
 use loopwarden_bus::{now_ms, Bus, BusConfig, BusTask, Inbound};
 use loopwarden_flash::{ConfigStore, EventLog, FlashError, Outbox, StoreError};
 use loopwarden_protocol::{
-    Family, Frame, GpuHealth, HealthState, Ident, Message, MessageKind, NodeId, ReasonCode, Role,
-    TimestampMs, Topic, Watts,
+    Event, Family, Frame, GpuHealth, HealthState, Ident, Message, MessageKind, NodeId, ReasonCode,
+    Role, TimestampMs, Topic, Watts,
 };
 use loopwarden_store::agent_flash::Flash;
 use node_core::caps::GpuRange;
@@ -412,14 +412,105 @@ pub(super) async fn restore_health(
     marked
 }
 
+/// At a start that found the config store lost with `found` GPUs
+/// (`expected`: `expected_gpus`): each GPU's quarantine the event log
+/// (`log`; `last`, each index's last health change) holds
+/// ([`logged_quarantines`]). The log names GPUs by index: where it names
+/// an index this start does not find, or fewer GPUs than expected are
+/// found, a GPU was taken out or lost and those after it may be
+/// renumbered, so each quarantine taken back says it may sit on another
+/// GPU than the one that failed, and how to release it; one logged at an
+/// index not found is said, not taken back.
+pub(super) async fn logged_quarantines_at(
+    log: &mut EventLog<Flash>,
+    last: &Result<Vec<Option<LastChange>>, String>,
+    found: usize,
+    expected: Option<u8>,
+) -> Vec<Option<GpuStatus>> {
+    let highest = match highest_logged_index(log).await {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!("{e}: which GPU indexes it names is unknown");
+            None
+        }
+    };
+    let doubt = renumbering(highest, found, expected);
+    if let Some(h) = highest.filter(|&h| usize::from(h) >= found) {
+        let beyond = super::lost_store::last_changes(log, usize::from(h) + 1).await;
+        for (i, q) in logged_quarantines(&beyond, usize::from(h) + 1, None)
+            .into_iter()
+            .enumerate()
+            .skip(found)
+        {
+            if let Some(q) = q {
+                tracing::error!(
+                    "GPU index {i}: {}; this start finds {found} GPUs, none at that index: the quarantine is not taken back: the GPU that failed is out of the host, or among those found, renumbered (each GPU not found kept unhealthy is marked degraded): drain by hand a GPU you know failed",
+                    q.evidence
+                );
+            }
+        }
+    }
+    logged_quarantines(last, found, doubt.as_deref())
+}
+
+/// The highest GPU index an event of the log (`log`) names: a health
+/// change, an XID, a cap, a quarantine's action or release, or a bit of
+/// a set of GPUs capped or stalled together. `None`: none named.
+async fn highest_logged_index(log: &mut EventLog<Flash>) -> Result<Option<u8>, String> {
+    let mut highest: Option<u8> = None;
+    log.for_each(|r| {
+        if r.kind != MessageKind::Event as u8 {
+            return;
+        }
+        let Ok(Message::Event(e)) = Message::decode_body(MessageKind::Event, r.body) else {
+            return;
+        };
+        let named = match e {
+            Event::HealthChanged { gpu, .. }
+            | Event::Xid { gpu, .. }
+            | Event::CapApplied { gpu, .. }
+            | Event::QuarantineAction { gpu, .. }
+            | Event::QuarantineReleased { gpu, .. } => Some(gpu.get()),
+            Event::CapsApplied { gpus, .. } | Event::HostStalled { gpus, .. } => {
+                (gpus != 0).then(|| (15 - gpus.leading_zeros()) as u8)
+            }
+            _ => None,
+        };
+        highest = highest.max(named);
+    })
+    .await
+    .map_err(|e| format!("event log unreadable ({e:?})"))?;
+    Ok(highest)
+}
+
+/// Why the `found` GPUs of this start may be numbered otherwise than
+/// when the event log was written: it names an index up to `highest`,
+/// or fewer than `expected` are found. `None`: no sign of it.
+fn renumbering(highest: Option<u8>, found: usize, expected: Option<u8>) -> Option<String> {
+    let beyond = highest.filter(|&h| usize::from(h) >= found);
+    let short = expected.filter(|&e| usize::from(e) > found);
+    match (beyond, short) {
+        (Some(h), _) => Some(format!(
+            "the event log names GPU index {h}, and this start finds {found} GPUs"
+        )),
+        (None, Some(e)) => Some(format!(
+            "this start finds {found} GPUs of the {e} expected (expected_gpus)"
+        )),
+        (None, None) => None,
+    }
+}
+
 /// Each of the first `gpus` GPUs' quarantine, where the last health change
 /// the event log holds of it, by its index (`last`,
 /// [`super::lost_store::last_changes`]), is to quarantined: what is left
 /// of the health kept when the config store was lost. A log that cannot
-/// be read finds none (said: every GPU is marked degraded).
+/// be read finds none (said: every GPU is marked degraded). `doubt`: why
+/// the GPUs may be renumbered since ([`renumbering`]), said in each
+/// quarantine's evidence with how to release it.
 pub(super) fn logged_quarantines(
     last: &Result<Vec<Option<LastChange>>, String>,
     gpus: usize,
+    doubt: Option<&str>,
 ) -> Vec<Option<GpuStatus>> {
     let last = match last {
         Ok(last) => last,
@@ -430,8 +521,17 @@ pub(super) fn logged_quarantines(
             return vec![None; gpus];
         }
     };
-    last.iter()
-        .map(|l| match l {
+    let doubt = |i: usize| {
+        match doubt {
+        Some(why) => format!(
+            "; but {why}: a GPU was taken out or lost and those after it renumbered since, so this may not be the GPU that failed: check it (nvidia-smi -q -i {i}: its serial against the one taken out); a healthy one is released by a signed quarantine_release command (docs/health.md section 7), its drain undone with loopwarden-slurm resume"
+        ),
+        None => String::new(),
+    }
+    };
+    (last.iter().enumerate())
+        .take(gpus)
+        .map(|(i, l)| match l {
             Some(LastChange {
                 seq,
                 time,
@@ -442,7 +542,8 @@ pub(super) fn logged_quarantines(
                 reason: *reason,
                 since: *time,
                 evidence: format!(
-                    "quarantined ({reason}) as event log record {seq} says, the last health change it holds of this GPU index; the config store that kept it was lost"
+                    "quarantined ({reason}) as event log record {seq} says, the last health change it holds of this GPU index; the config store that kept it was lost{}",
+                    doubt(i)
                 ),
             }),
             _ => None,
@@ -1729,6 +1830,51 @@ mod tests {
             (Quarantined, ReasonCode::DBE_VOLATILE)
         );
         assert_eq!(undone.quarantines, vec![1], "its actions run again");
+    }
+
+    /// The config store lost, the event log saying GPU 1 (A) quarantined
+    /// and naming GPU index 2 (a cap applied to GPUs 0 to 2): a start that
+    /// finds two GPUs, X and B (A taken out of the host, B renumbered from
+    /// 2 into 1), cannot tell from the log, which names GPUs by index,
+    /// whether GPU 1 is the GPU that failed. It keeps the quarantine (the
+    /// GPU that failed may be there, a GPU after it gone) but never
+    /// silently: its evidence, in the log and `ctl why 1`, names the
+    /// renumbering and how to release it. With three GPUs found, the
+    /// quarantine is taken back with no such doubt said.
+    #[test]
+    fn a_quarantine_from_the_log_at_a_start_finding_fewer_gpus_says_it_may_be_another_gpu() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let mut logged = health_changes(&[(1, Healthy, Quarantined, ReasonCode::DBE_VOLATILE)]);
+        logged.push(Event::CapsApplied {
+            gpus: 0b111,
+            limit: Watts(450),
+            source: None,
+        });
+        let (started, _) = lost_after_on(&path, &logged, [X, A, B]);
+        let three = started.health().status(1).unwrap();
+        assert_eq!(three.state, Quarantined);
+        assert!(!three.evidence.contains("renumbered"), "{}", three.evidence);
+
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(stores.config_lost);
+        let gpus = vec![gpu(X), gpu(B)];
+        let mut two = node(&config(), &gpus, TimestampMs(SINCE + 10_000));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let (store, log) = (&mut stores.store, &mut stores.log);
+        rt.block_on(restore_kept(&mut two, &config(), &gpus, store, log, true));
+        let st = two.health().status(1).unwrap();
+        assert_eq!(st.state, Quarantined, "in doubt, kept");
+        assert!(
+            st.evidence.contains("event log names GPU index 2")
+                && st.evidence.contains("finds 2 GPUs")
+                && st.evidence.contains("renumbered")
+                && st.evidence.contains("quarantine_release"),
+            "{}",
+            st.evidence
+        );
     }
 
     /// The config store lost, the event log saying GPU 1 quarantined and
