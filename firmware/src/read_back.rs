@@ -31,14 +31,13 @@
 //! echo taken, and a write that failed (refused, unanswered, not sent)
 //! with no read-back to say otherwise is taken on a later echo: such a
 //! CDU would otherwise have its lead pump's trip never judged. The Linux
-//! controller differs in what it reports, and in one setting: it takes
-//! such a setting on its echo where it acts on it too, but reports it
-//! not taken (degraded `cdu-writes-refused`) until a read-back reads it
-//! held, where the firmware reports it taken; it takes one last read
-//! back not held on its echo over a read-back that fails (reported not
-//! taken), where the firmware keeps it not taken; its heartbeat held
-//! back reads `heartbeat-held`, the firmware's withheld
-//! `cdu-writes-refused` (docs/firmware.md section 3). After a run the CDU did not answer, the later runs are not
+//! controller acts on these settings alike and differs in what it
+//! reports: a setting whose write failed, then taken on its echo alone,
+//! it reports not taken (degraded `cdu-writes-refused`) until a
+//! read-back reads it held, where the firmware reports it taken; its
+//! heartbeat held back reads `heartbeat-held`, the firmware's withheld
+//! `cdu-writes-refused` (docs/firmware.md section 3). After a run the
+//! CDU did not answer, the later runs are not
 //! asked (each would wait out its own timeout), as a read's later spans
 //! are not. A read-back that fails is said on the console at each step,
 //! and to the gateway's log at the first of a run and when one reads

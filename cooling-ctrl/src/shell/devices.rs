@@ -287,13 +287,8 @@ impl<P: CduPort> Devices<P> {
     /// ([`CduPort::read_back`]): a setting the CDU does not hold is
     /// recorded as not taken. A read-back that failed leaves its settings
     /// as their echo said (taken): it is counted as a read error and
-    /// logged once per change of its text ([`Devices::judge_read_back`]).
-    /// One of them whose last write did not go in ([`Devices::not_taken`];
-    /// the CDU refusing to serve the read-back at all, [`not_served`],
-    /// aside, for one never read back holding another value) is taken on
-    /// its echo still, but recorded as not known taken
-    /// ([`Outcome::unsure`]): the step's writes are reported as not all
-    /// taken, and the failure counted and logged.
+    /// logged once per change of its text ([`Devices::judge_read_back`]);
+    /// one not taken before is judged by [`Devices::judge_unread`].
     async fn read_back(
         &mut self,
         plan: &Plan,
@@ -313,20 +308,9 @@ impl<P: CduPort> Devices<P> {
         }
         let back = self.cdu.read_back(&went_in).await;
         self.judge_read_back(&back.unread, stats);
-        // A setting not taken before whose read-back failed: taken on its
-        // echo (what the decision path acts on), but not known taken,
-        // unless the CDU serves no read-back at all and it was not read
-        // back not held. The heartbeat is never read back (its echo is
-        // checked).
         for (settings, e) in &back.unread {
-            let why = format!("not read back since its write did not go in: {e}");
-            let unsure = |s: &&Setting| {
-                let t = self.not_taken(**s);
-                t.is_some_and(|t| !not_served(e) || t.not_held.is_some())
-            };
-            for s in settings.iter().filter(unsure) {
-                first.get_or_insert_with(|| format!("{}: {why}", s.register()));
-                let _ = (outcome.unsure).push((*s, crate::decide::said::words(&why)));
+            for s in settings {
+                self.judge_unread(*s, e, outcome, first);
             }
         }
         self.judge_held(&went_in, &back);
@@ -337,6 +321,46 @@ impl<P: CduPort> Devices<P> {
                 if let Some(tried) = outcome.tried.iter_mut().find(|(t, _)| *t == s) {
                     tried.1 = Err(crate::decide::said::words(&why));
                 }
+            }
+        }
+    }
+
+    /// The setting `s`, not taken before, whose read-back failed (`e`).
+    /// One last read back holding another value stays not taken, for the
+    /// decision path too, unless the CDU serves no read-back at all: its
+    /// echo says nothing the read-back did not refute (a pump handover
+    /// the CDU echoed but never ran is not judged a trip). Any other is
+    /// taken on its echo (what the decision path acts on) but not known
+    /// taken ([`Outcome::unsure`]), unless the CDU serves no read-back at
+    /// all. The heartbeat is never read back (its echo is checked).
+    fn judge_unread(
+        &self,
+        s: Setting,
+        e: &CduError,
+        outcome: &mut Outcome,
+        first: &mut Option<String>,
+    ) {
+        let Some(t) = self.not_taken(s) else {
+            return;
+        };
+        let served = !not_served(e);
+        let (why, refuted) = match t.not_held.as_deref() {
+            Some(held) if served => (
+                format!("last read back not held ({held}); not read back since: {e}"),
+                true,
+            ),
+            None if !served => return,
+            _ => (
+                format!("not read back since its write did not go in: {e}"),
+                false,
+            ),
+        };
+        first.get_or_insert_with(|| format!("{}: {why}", s.register()));
+        let said = crate::decide::said::words(&why);
+        match outcome.tried.iter_mut().find(|(t, _)| *t == s) {
+            Some(tried) if refuted => tried.1 = Err(said),
+            _ => {
+                let _ = outcome.unsure.push((s, said));
             }
         }
     }
@@ -1018,11 +1042,10 @@ mod tests {
         }
     }
 
-    /// A setting the CDU did not take is taken on its echo over a step
-    /// whose read-back fails (exception 6, busy), but the step's writes
-    /// are not all taken and the write failure stays in force: its echo
-    /// alone does not say the CDU takes it again. Read back held, all is
-    /// taken and the failure's end said.
+    /// A setting read back holding another value stays not taken over a
+    /// step whose read-back fails (exception 6, busy): its echo alone
+    /// does not say the CDU takes it again, and the write failure stays
+    /// in force. Read back held, all is taken and the failure's end said.
     #[test]
     fn a_read_back_that_fails_after_a_failed_write_leaves_the_writes_not_all_taken() {
         let steps = |code: u8| {
@@ -1051,11 +1074,11 @@ mod tests {
         let busy = steps(6);
         assert_eq!(
             busy.iter().map(|s| (s.0, s.1, s.3)).collect::<Vec<_>>(),
-            [(false, false, 1), (true, false, 2), (true, true, 2)]
+            [(false, false, 1), (false, false, 2), (true, true, 2)]
         );
         let said = busy[1].2.as_deref().unwrap_or_default();
         assert!(
-            said.starts_with("supply_setpoint: not read back since")
+            said.starts_with("supply_setpoint: last read back not held")
                 && said.contains("exception 6"),
             "{said}"
         );

@@ -187,3 +187,88 @@ fn a_cdu_that_serves_no_read_back_has_its_echoes_taken_after_a_refusal() {
     assert_eq!(all, [false, true, true]);
     assert!(d.write_error.0.is_none(), "{:?}", d.write_error.0);
 }
+
+/// A CDU that echoes every write and reads back what it holds, but never
+/// runs a handover: once the lead pump is written to B, the read-back
+/// reads it (and the pumps to run) holding A's, and every read-back after
+/// that goes unanswered.
+#[derive(Default)]
+struct IgnoresHandover {
+    lead_b: bool,
+    refuted: bool,
+}
+
+impl CduPort for IgnoresHandover {
+    async fn read(&mut self) -> Result<CduMeasurements, CduError> {
+        Ok(CduMeasurements::default())
+    }
+    async fn write_setting(&mut self, w: &Write) -> Result<(), CduError> {
+        if w.setting == Setting::LeadPump {
+            self.lead_b |= w.value != 0.0;
+        }
+        Ok(())
+    }
+    async fn read_back(&mut self, written: &[Write]) -> ReadBack {
+        if !self.lead_b {
+            return ReadBack::default();
+        }
+        let pumps = |w: &&Write| matches!(w.setting, Setting::LeadPump | Setting::PumpsRun);
+        let settings: Vec<Setting> = written.iter().filter(pumps).map(|w| w.setting).collect();
+        if !self.refuted && !settings.is_empty() {
+            self.refuted = true;
+            let e = CduError::BadAnswer {
+                op: "write lead_pump at holding 2".into(),
+                detail: "holding 2 reads back word 0".into(),
+            };
+            return ReadBack {
+                not_held: vec![(settings, e)],
+                ..ReadBack::default()
+            };
+        }
+        let op = "read back holding 0-20".to_string();
+        let e = CduError::NoAnswer { op, after_ms: 500 };
+        ReadBack {
+            unread: vec![(written.iter().map(|w| w.setting).collect(), e)],
+            ..ReadBack::default()
+        }
+    }
+    fn limits(&self) -> MapLimits {
+        NeverReadBack::default().limits()
+    }
+    fn pump_fault_bits(&self) -> [bool; 2] {
+        [true; 2]
+    }
+}
+
+/// Lead pump A trips; the CDU echoes "B to run and lead" but runs
+/// neither, a read-back reads that, and no read-back answers after it.
+/// The pumps stay not taken over the unanswered read-backs, so B, never
+/// started, is not judged tripped (both pumps out of service), and the
+/// heartbeat stays held back: the CDU falls back to its own control.
+#[test]
+fn a_handover_read_back_not_held_is_not_taken_over_read_backs_that_fail() {
+    let (mut decider, mut d) = started(IgnoresHandover::default());
+    for s in 0..3 {
+        step(&mut decider, &mut d, s, &measured(true, 0));
+    }
+    let mut events = Vec::new();
+    let mut refuted_steps = 0;
+    for s in 3..30 {
+        let (c, o) = step(&mut decider, &mut d, s, &measured(false, 0));
+        events.extend(c.events.iter().cloned());
+        if d.cdu.refuted {
+            refuted_steps += 1;
+            assert!(!o.taken().pumps, "{s}: pumps taken on their echo: {o:?}");
+        }
+    }
+    assert!(refuted_steps > 10, "the handover was read back not held");
+    let a = Event::PumpTrip {
+        pump: Pump::A,
+        lag_started: true,
+    };
+    assert!(events.contains(&a), "{events:?}");
+    let b_tripped = |e: &Event| matches!(e, Event::PumpTrip { pump: Pump::B, .. });
+    assert!(!events.iter().any(b_tripped), "{events:?}");
+    let said = d.write_error.0.as_deref().unwrap_or_default();
+    assert!(said.contains("last read back not held"), "{said}");
+}
