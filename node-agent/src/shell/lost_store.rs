@@ -188,7 +188,7 @@ async fn keep_recovered(
     limits_unread: Vec<(String, Vec<u8>)>,
     cooling: Option<Vec<(String, Vec<u8>)>>,
 ) -> Result<(), String> {
-    let why = "the store's lost mark stays: the next start reads the config store as lost again";
+    let why = MARK_STAYS;
     // Waited for: the health states handed over before are in flash too.
     let items = [limits_unread, cooling.unwrap_or_default()].concat();
     (recorder.set_all_sync(items).await).map_err(|e| {
@@ -345,7 +345,7 @@ impl PendingClear {
             let unread = super::limits::unread_record(uuid).into_iter().collect();
             if let Err(e) = recorder.set_all_sync(unread).await {
                 tracing::error!(
-                    "GPU {gpu}: its power limits as not read since the config store was lost not kept ({e}): the store's lost mark stays for this run: the next start reads the config store as lost again"
+                    "GPU {gpu}: its power limits as not read since the config store was lost not kept ({e}): {MARK_STAYS}"
                 );
                 self.not_kept.push(gpu);
             }
@@ -360,7 +360,7 @@ impl PendingClear {
 /// value since `pending` began: then it stays, and the next start reads
 /// the store as lost again. `Err` says why it stays.
 pub(super) async fn clear_mark(recorder: &Recorder, pending: PendingClear) -> Result<(), String> {
-    let why = "the store's lost mark stays: the next start reads the config store as lost again";
+    let why = MARK_STAYS;
     (recorder.set_all_sync(Vec::new()).await).map_err(|e| format!("{e}: {why}"))?;
     let refused = recorder.refused().saturating_sub(pending.refused_before);
     if refused > 0 {
@@ -489,18 +489,8 @@ impl super::Agent {
     /// said, the mark left as the flash has it. A clear still waiting for
     /// GPUs that never said their UUIDs is said too: the mark stays.
     pub(super) async fn finish_lost_mark_clear(&mut self) {
-        if let Some(pending) = self.lost_mark.as_ref() {
-            let unkept = pending.unkept();
-            if !unkept.is_empty() {
-                tracing::error!(
-                    "the config store lost: GPUs {unkept:?} never said their UUIDs in this run: the store's lost mark stays, the next start reads the config store as lost again: {UNKEPT_WHY}"
-                );
-            }
-            if let not_kept @ [_, ..] = pending.not_kept() {
-                tracing::error!(
-                    "the config store lost: GPUs {not_kept:?}: their records were not kept when they said their UUIDs in this run: the store's lost mark stays, the next start reads the config store as lost again"
-                );
-            }
+        for line in self.lost_mark.iter().flat_map(said_at_stop) {
+            tracing::error!("{line}");
         }
         if let Some(clearing) = self.lost_mark_clearing.take() {
             finish_clear(clearing).await;
@@ -539,6 +529,29 @@ pub(super) async fn finish_clear(clearing: tokio::task::JoinHandle<()>) {
         ),
     }
 }
+
+/// What a clean stop says of the lost mark's clear still pending
+/// (`pending`): the GPUs that never said their UUIDs, and those whose
+/// records were not kept when they did; the mark stays.
+fn said_at_stop(pending: &PendingClear) -> Vec<String> {
+    let mut said = Vec::new();
+    if let unkept @ [_, ..] = pending.unkept() {
+        said.push(format!(
+            "the config store lost: GPUs {unkept:?} never said their UUIDs in this run: {MARK_STAYS}: {UNKEPT_WHY}"
+        ));
+    }
+    if let not_kept @ [_, ..] = pending.not_kept() {
+        said.push(format!(
+            "the config store lost: GPUs {not_kept:?}: their records were not kept when they said their UUIDs in this run: {MARK_STAYS}"
+        ));
+    }
+    said
+}
+
+/// How an error says the store's lost mark stays (the operator docs'
+/// messages table quotes it).
+const MARK_STAYS: &str =
+    "the store's lost mark stays: the next start reads the config store as lost again";
 
 /// Why the lost mark waits for a GPU whose UUID is unknown: said at the
 /// start and at a stop before it said it.
@@ -851,6 +864,27 @@ mod tests {
             }
             assert_eq!(logged_phase(&mut log, 1).await, Ok(Phase::Cooled));
         });
+    }
+
+    /// What a clean stop says of a mark still waiting for GPUs ends as
+    /// the operator docs' messages table quotes it.
+    #[test]
+    fn the_stops_word_on_a_mark_that_stays_is_as_the_docs_quote_it() {
+        let pending = PendingClear {
+            refused_before: 0,
+            unkept: vec![1],
+            not_kept: vec![2],
+            stays: None,
+        };
+        let said = said_at_stop(&pending);
+        assert_eq!(said.len(), 2, "{said:?}");
+        let quoted =
+            "the store's lost mark stays: the next start reads the config store as lost again";
+        for line in &said {
+            assert!(line.contains(&format!(": {quoted}")), "{line}");
+        }
+        let doc = include_str!("../../../docs/node-agent.md");
+        assert!(doc.contains(&format!("| `…: {quoted}` (error) |")));
     }
 
     /// A publisher that holds the recorder's thread in its first publish

@@ -2039,6 +2039,72 @@ mod tests {
         assert_eq!(unreadable_limits(&said), vec![0, 1, 2], "{said:?}");
     }
 
+    /// The config store lost in part, GPU 1 (A) not saying its UUID at the
+    /// start, its limits record surviving (its site's limit 700 W, a
+    /// lease's 450 W asked and left on it): when it says its UUID later
+    /// in the run, the record read through the recorder is kept as it is,
+    /// never overwritten by the record that its limits were not read
+    /// since, and the mark clears; with no limit read in the run, the
+    /// next start, reading the store intact, has GPU 1's ceiling 700 W as
+    /// kept, not the 450 W cap found on it.
+    #[test]
+    fn a_gpu_identified_late_whose_limits_record_survived_keeps_it() {
+        use node_core::node::{Input, KeptLimit, Now};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let logged = health_changes(&[(2, Healthy, Degraded, ReasonCode::STRAGGLER)]);
+        let uuids = [X, UNKNOWN_UUID, B];
+        lost_after_on(&path, &logged, uuids);
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(stores.config_lost);
+        let kept = KeptLimit {
+            ceiling: Watts(700),
+            asked: Watts(450),
+            before: None,
+        };
+        let (key, value) = super::super::limits::record(A, kept).unwrap().unwrap();
+        set(&mut stores.store, &key, &value);
+        let (mut node, undone) = restored_with(&mut stores.store, uuids, &mut stores.log, true);
+        let r = recorder_of(stores, &path);
+        let before = r.refused();
+        for &g in undone.unreadable.iter().filter(|&&g| g != 1) {
+            keep_health_of(&r, &node, g, uuids[g as usize]);
+        }
+        let started = (
+            &node,
+            &uuids[..],
+            &undone.unreadable[..],
+            &undone.limits_unread[..],
+        );
+        let cooling = (undone.phase, &undone.steps[..]);
+        let keep = super::super::lost_store::keep_after_loss(&r, started, cooling, before);
+        let mut pending = futures::executor::block_on(keep).unwrap();
+        let found = futures::executor::block_on(super::super::limits::kept_through(&r, A));
+        assert_eq!(found, Ok(Some(kept)), "A's record survived");
+        assert!(futures::executor::block_on(pending.identified(
+            &r,
+            (1, A),
+            &found
+        )));
+        let identified = Input::Identified {
+            gpu: 1,
+            kept: None,
+            limit: found.clone().unwrap(),
+        };
+        node.step(Now::at(SINCE + 20_000), identified);
+        keep_health_of(&r, &node, 1, A);
+        assert!(pending.ready(node.cooling_unknown()), "GPU 1 was the last");
+        futures::executor::block_on(super::super::lost_store::clear_mark(&r, pending)).unwrap();
+        futures::executor::block_on(r.flush());
+        drop(r);
+        let mut stores = loopwarden_store::agent_flash::open(Some(&path)).unwrap();
+        assert!(!stores.config_lost, "the mark is cleared");
+        let (mut node, _) = restored_with(&mut stores.store, [X, A, B], &mut stores.log, false);
+        let said = first_read(&mut node, 450);
+        assert_eq!(node.ceiling(1), Some(Watts(700)), "A's kept ceiling");
+        assert_eq!(unreadable_limits(&said), vec![0, 2], "{said:?}");
+    }
+
     /// GPU 1 (A) quarantined, as the store and the event log say; then
     /// another GPU (C) in its slot, which starts healthy from the intact
     /// store: the start logs GPU 1's change back to healthy, so a config
