@@ -109,7 +109,10 @@ async fn kept_for(store: &mut ConfigStore<Flash>, uuid: &str) -> Result<Option<K
 /// ceiling is the limit found on it, said as an error at its first read.
 /// Returns the GPUs whose kept limits are unreadable (after a loss, those
 /// whose record did not survive it: a loss may be partial, and a record
-/// read is the site's limit to put back at exit).
+/// read is taken as kept: most often the site's limit to put back at
+/// exit, though it may be the limit a start since the loss first read, a
+/// cap perhaps, kept while the lost mark stayed, or an older copy of the
+/// key the loss left; the docs ask for each ceiling to be checked).
 pub(super) async fn restore(
     node: &mut Node,
     gpus: &[GpuState],

@@ -41,8 +41,10 @@
 //! and only the lost store's reading of the log takes it back). Each GPU's limits wait for
 //! nothing: the start keeps for each whose limits record the loss took a
 //! record that they were not read since the loss (a record that survived
-//! a partial loss is kept as it is: it holds the site's limit, put back at
-//! exit) (`super::limits::unread_record`), read as unreadable at
+//! a partial loss is kept as it is and read as kept: most often the
+//! site's limit, but maybe the limit a start since the loss first read, a
+//! cap perhaps, or an older copy of the key the loss left)
+//! (`super::limits::unread_record`), read as unreadable at
 //! every start until its first limits read are kept over it, so a GPU
 //! whose limit never reads keeps only its own limits unreadable, never
 //! the store lost. Until the mark clears every start reads the store as
@@ -208,7 +210,7 @@ async fn keep_recovered(
 /// handed to `recorder` before; `limits_unread`: those whose limits record
 /// the loss took): keeps, by [`keep_recovered`], the limits of each GPU of
 /// `limits_unread` as not read since the loss (a record that survived a
-/// partial loss is the site's limit, kept as it is) and the cooling-loss `phase` and
+/// partial loss is kept as it is: see the module note) and the cooling-loss `phase` and
 /// `steps` where the node knows them; the states of the GPUs
 /// `unreadable` whose UUIDs are unknown are not kept: the clear waits for
 /// each to say its UUID in the run ([`PendingClear::identified`]).
