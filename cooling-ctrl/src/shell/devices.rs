@@ -239,9 +239,9 @@ impl<P: CduPort> Devices<P> {
             }
             outcome.record(w.setting, r);
         }
-        let read_back = held.is_none();
-        if read_back {
-            self.read_back(plan, &mut outcome, &mut first, stats).await;
+        match &held {
+            None => self.read_back(plan, &mut outcome, &mut first, stats).await,
+            Some(why) => self.not_read_back(why, &mut outcome, &mut first),
         }
         self.judge_taken(&outcome);
         self.judge_writes(first, stats);
@@ -310,7 +310,7 @@ impl<P: CduPort> Devices<P> {
         self.judge_read_back(&back.unread, stats);
         for (settings, e) in &back.unread {
             for s in settings {
-                self.judge_unread(*s, e, outcome, first);
+                self.judge_unread(*s, !not_served(e), e, outcome, first);
             }
         }
         self.judge_held(&went_in, &back);
@@ -325,7 +325,21 @@ impl<P: CduPort> Devices<P> {
         }
     }
 
-    /// The setting `s`, not taken before, whose read-back failed (`e`).
+    /// The step's writes that went in, not read back since a later write
+    /// went unanswered (`why`): each judged as a read-back that failed
+    /// ([`Devices::judge_unread`]), the heartbeat aside (never read back).
+    fn not_read_back(&self, why: &str, outcome: &mut Outcome, first: &mut Option<String>) {
+        let went_in: Vec<Setting> = (outcome.tried.iter())
+            .filter(|(s, r)| r.is_ok() && *s != Setting::Heartbeat)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in went_in {
+            self.judge_unread(s, true, &why, outcome, first);
+        }
+    }
+
+    /// The setting `s`, not taken before, whose read-back failed (`e`;
+    /// `served`: not a CDU refusing to serve the read-back at all).
     /// One last read back holding another value stays not taken, for the
     /// decision path too, unless the CDU serves no read-back at all: its
     /// echo says nothing the read-back did not refute (a pump handover
@@ -336,21 +350,25 @@ impl<P: CduPort> Devices<P> {
     fn judge_unread(
         &self,
         s: Setting,
-        e: &CduError,
+        served: bool,
+        e: &dyn std::fmt::Display,
         outcome: &mut Outcome,
         first: &mut Option<String>,
     ) {
         let Some(t) = self.not_taken(s) else {
             return;
         };
-        let served = !not_served(e);
-        let (why, refuted) = match t.not_held.as_deref() {
-            Some(held) if served => (
+        let (why, refuted) = match (t.not_held.as_deref(), served) {
+            (Some(held), true) => (
                 format!("last read back not held ({held}); not read back since: {e}"),
                 true,
             ),
-            None if !served => return,
-            _ => (
+            (Some(held), false) => (
+                format!("last read back not held ({held}); the CDU serves no read-back: {e}"),
+                false,
+            ),
+            (None, false) => return,
+            (None, true) => (
                 format!("not read back since its write did not go in: {e}"),
                 false,
             ),
@@ -1092,7 +1110,10 @@ mod tests {
             [(false, false), (true, false), (true, true)]
         );
         let said = not_served[1].2.as_deref().unwrap_or_default();
-        assert!(said.contains("exception 1"), "{said}");
+        assert!(
+            said.contains("last read back not held") && said.contains("exception 1"),
+            "{said}"
+        );
     }
 
     #[test]

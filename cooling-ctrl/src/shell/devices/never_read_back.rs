@@ -192,10 +192,13 @@ fn a_cdu_that_serves_no_read_back_has_its_echoes_taken_after_a_refusal() {
 /// runs a handover: once the lead pump is written to B, the read-back
 /// reads it (and the pumps to run) holding A's, and every read-back after
 /// that goes unanswered.
+/// With `speed_unanswered`, the pump speed's write goes unanswered once
+/// that read-back was made (so no read-back is asked on those steps).
 #[derive(Default)]
 struct IgnoresHandover {
     lead_b: bool,
     refuted: bool,
+    speed_unanswered: bool,
 }
 
 impl CduPort for IgnoresHandover {
@@ -205,6 +208,10 @@ impl CduPort for IgnoresHandover {
     async fn write_setting(&mut self, w: &Write) -> Result<(), CduError> {
         if w.setting == Setting::LeadPump {
             self.lead_b |= w.value != 0.0;
+        }
+        if self.refuted && self.speed_unanswered && w.setting == Setting::PumpSpeed {
+            let op = format!("write {}", w.setting.register());
+            return Err(CduError::NoAnswer { op, after_ms: 500 });
         }
         Ok(())
     }
@@ -245,9 +252,19 @@ impl CduPort for IgnoresHandover {
 /// The pumps stay not taken over the unanswered read-backs, so B, never
 /// started, is not judged tripped (both pumps out of service), and the
 /// heartbeat stays held back: the CDU falls back to its own control.
+/// Alike when a later write goes unanswered, so no read-back is asked.
 #[test]
 fn a_handover_read_back_not_held_is_not_taken_over_read_backs_that_fail() {
-    let (mut decider, mut d) = started(IgnoresHandover::default());
+    handover_not_held(false);
+    handover_not_held(true);
+}
+
+fn handover_not_held(speed_unanswered: bool) {
+    let cdu = IgnoresHandover {
+        speed_unanswered,
+        ..IgnoresHandover::default()
+    };
+    let (mut decider, mut d) = started(cdu);
     for s in 0..3 {
         step(&mut decider, &mut d, s, &measured(true, 0));
     }
@@ -270,5 +287,10 @@ fn a_handover_read_back_not_held_is_not_taken_over_read_backs_that_fail() {
     let b_tripped = |e: &Event| matches!(e, Event::PumpTrip { pump: Pump::B, .. });
     assert!(!events.iter().any(b_tripped), "{events:?}");
     let said = d.write_error.0.as_deref().unwrap_or_default();
-    assert!(said.contains("last read back not held"), "{said}");
+    let first = if speed_unanswered {
+        "no answer"
+    } else {
+        "last read back not held"
+    };
+    assert!(said.contains(first), "{said}");
 }
