@@ -224,9 +224,10 @@ pub struct Outcome {
     /// ([`Outcome::all_ok`]: the CDU is reported as not taking its
     /// writes).
     pub unsure: Vec<(Setting, Words), MAX_WRITES>,
-    /// The heartbeat was held back (not written, and in `tried` as not
-    /// taken): the CDU echoed a safety setting it does not hold, so it
-    /// runs on its own control ([`cooling_core::Taken::heartbeat_held`]).
+    /// The heartbeat is held back from the next step on (its write
+    /// not taken): the CDU echoed a safety setting it does not hold, so
+    /// it runs on its own control ([`cooling_core::Taken::heartbeat_held`];
+    /// set on the step that found it, so the mode's change names it).
     pub heartbeat_held: bool,
 }
 

@@ -5,14 +5,16 @@
 //! Each action is an argument vector from the config, run without a shell:
 //! placeholders (`{host}`, `{site}`, `{gpu}`, `{uuid}`, `{reason}`) are
 //! replaced inside single arguments, so no text of a reason or an evidence
-//! can add an argument or a command. Each runs once per decision, with a
+//! can add an argument or a command. Each runs when decided, with a
 //! timeout after which it is killed; its outcome is logged and published
 //! (a `quarantine_action` or `cooling_action` event). A cooling-loss step
-//! that did not end well before a restart (cut by a crash, or failed) runs
-//! again after it (`shell::cooling`), and the actions of every GPU still
-//! quarantined run again at every start, done or not, since the scheduler
-//! may have lifted their drain meanwhile (`shell::quarantine`): drains
-//! and taints are idempotent, a lost one leaves the scheduler unaware.
+//! or a quarantine's actions that did not end well before a restart (cut
+//! by a crash, or failed) run again after it (`shell::cooling`,
+//! `shell::quarantine`): drains and taints are idempotent, a lost one
+//! leaves the scheduler unaware. A quarantine's actions known done run
+//! again at a start only with `[quarantine] again_at_start` (the scheduler
+//! may have lifted their drain meanwhile; a `scancel` or a ticket must not
+//! run at every restart).
 //!
 //! A quarantine's actions that failed, and a cooling-loss drain that
 //! failed, also run again while the agent runs, after a wait that doubles

@@ -129,6 +129,9 @@ pub struct QuarantineFile {
     /// No action, on purpose: the site's scheduler reads the quarantine
     /// from the bus.
     pub reported_only: Option<bool>,
+    /// Run the actions of every GPU still quarantined again at each
+    /// start, known done or not (only where each is harmless run again).
+    pub again_at_start: Option<bool>,
 }
 
 loopwarden_field::agent_flags! {
@@ -203,6 +206,11 @@ loopwarden_field::agent_flags! {
         /// quarantine from the bus.
         #[arg(long)]
         pub quarantine_reported_only: bool,
+        /// Run the actions of every GPU still quarantined again at each
+        /// start, known done or not (only where each is harmless run
+        /// again: a drain, never a scancel or a ticket).
+        #[arg(long)]
+        pub quarantine_again_at_start: bool,
         /// A command when the rack loses cooling, split on white space
         /// (repeat for several; replaces the file's `drain`).
         #[arg(long = "cooling-drain")]
@@ -324,6 +332,9 @@ pub struct Config {
     pub quarantine_actions: Vec<Vec<String>>,
     /// Timeout per action.
     pub quarantine_timeout: Duration,
+    /// Whether the actions of a GPU still quarantined run again at each
+    /// start though known done (`[quarantine] again_at_start`).
+    pub quarantine_again_at_start: bool,
     /// What to do when the rack loses cooling, and when it is back.
     pub cooling_loss: CoolingLossActions,
     /// What the host takes of cap leases.
@@ -453,6 +464,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         guard,
         quarantine_actions: quarantine.actions,
         quarantine_timeout: quarantine.timeout,
+        quarantine_again_at_start: quarantine.again_at_start,
         cooling_loss,
         lease_limits,
         metrics_listen,
@@ -609,10 +621,12 @@ fn quiet_period(
 struct Quarantine {
     actions: Vec<Vec<String>>,
     timeout: Duration,
+    again_at_start: bool,
 }
 
 /// `[quarantine]`: the actions (the flags' list replaces the file's), each
-/// checked by [`check_action`], and the timeout per action.
+/// checked by [`check_action`], the timeout per action, and whether they
+/// run again at each start though known done (default: not).
 fn quarantine(
     src: &Sources,
     file: &FileConfig,
@@ -645,9 +659,12 @@ fn quarantine(
         600,
         " s",
     )?;
+    let flag = flags.quarantine_again_at_start.then_some(true);
+    let (again_at_start, _) = pick!(flag, q.again_at_start, "quarantine-again-at-start");
     Ok(Quarantine {
         actions,
         timeout: Duration::from_secs(timeout),
+        again_at_start: again_at_start.unwrap_or(false),
     })
 }
 
@@ -771,6 +788,25 @@ mod tests {
         assert_eq!(c.gpus, GpuSourceKind::Twin(8));
         assert!(c.demo_key, "twin without keys takes the demonstration key");
         assert_eq!(c.quarantine_actions[0][0], "scontrol");
+    }
+
+    /// A GPU's quarantine actions known done run again at a start only
+    /// where the site says each is harmless run again: off by default,
+    /// on from the file or the flag.
+    #[test]
+    fn quarantine_actions_run_again_at_start_only_when_asked() {
+        let base = "site = \"a\"\nhost = \"b\"\ntwin_gpus = 2\n[quarantine]\n";
+        assert!(!from(base).expect("valid").quarantine_again_at_start);
+        let c = from(&format!("{base}again_at_start = true\n")).expect("valid");
+        assert!(c.quarantine_again_at_start);
+        let flags = Overrides {
+            quarantine_again_at_start: true,
+            ..Overrides::default()
+        };
+        let c = resolve(Some(Path::new("agent.toml")), base, &flags).expect("valid");
+        assert!(c.quarantine_again_at_start);
+        let e = from(&format!("{base}again_at_start = \"yes\"\n")).unwrap_err();
+        assert!(e.to_string().contains("line 5"), "{e}");
     }
 
     #[test]

@@ -352,19 +352,20 @@ fn a_failed_quarantine_action_runs_again_after_a_backoff_until_it_ends_well() {
     // Its retry ended well: `ctl status` shows no failure left.
     let status = status_once(&agent, 3, |a| a["last_failure"].is_null());
     assert!(status["site_actions"]["last_failure"].is_null(), "{status}");
-    // Done: not run again while the agent runs; the next start knows it
-    // done (and runs it again, the GPU still quarantined).
+    // Done: not run again, here nor at the next start (which says so).
     let more = events_until(&mut sub, 2, |ev| !quarantine_outcomes(ev, 0).is_empty());
     assert_eq!(quarantine_outcomes(&more, 0), []);
     agent.crash();
     let agent = rig.spawn_twin_process(ENTRY, 2, &f);
-    std::thread::sleep(Duration::from_millis(1_500));
-    assert_eq!(lines(&log), ["quarantine 0"; 4]);
-    let text = agent.log_text();
-    assert!(
-        text.contains("GPU 0: quarantined still at this start"),
-        "{text}"
-    );
+    let said = "GPU 0: quarantined still at this start, its actions known done: not run again";
+    let end = Instant::now() + Duration::from_secs(5);
+    while !agent.log_text().contains(said) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(agent.log_text().contains(said), "{}", agent.log_text());
+    // Said before the start's runs are spawned: nothing more runs.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(lines(&log), ["quarantine 0"; 3], "done, not run again");
 }
 
 /// A cooling-loss drain that fails runs again while the agent runs, with

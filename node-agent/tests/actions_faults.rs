@@ -41,7 +41,7 @@ fn agent_process() {
 /// An agent killed while its quarantine action ran (the quarantine kept
 /// in flash, the action's outcome not known) runs the action again after
 /// its restart; once that one ended well, the next start knows it done
-/// (it runs it again all the same, the GPU still quarantined).
+/// and runs nothing (`again_at_start` off: an action may cancel jobs).
 #[test]
 fn a_quarantine_cut_by_a_crash_runs_its_actions_again_after_the_restart() {
     let Some(rig) = Rig::start("f1") else {
@@ -73,25 +73,42 @@ fn a_quarantine_cut_by_a_crash_runs_its_actions_again_after_the_restart() {
     // crash now knows it done.
     agent.crash();
     let agent = rig.spawn_twin_process(ENTRY, 2, &action(&notes));
-    std::thread::sleep(Duration::from_millis(1_500));
-    assert_eq!(lines(&log), ["started 1", "ran 1", "ran 1"]);
-    let text = agent.log_text();
-    assert!(
-        text.contains("GPU 1: quarantined still at this start"),
-        "{text}"
-    );
+    let text = said_within(&agent, KNOWN_DONE_LEFT, 1, 5);
+    assert!(text.contains(KNOWN_DONE_LEFT), "{text}");
+    // Said before the start's runs are spawned: nothing more runs.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(lines(&log), ["started 1", "ran 1"], "once done, not again");
     // Said of the second start alone (the log holds every start's).
-    let not_done = text.matches("not known to have ended well").count();
+    let not_done = agent
+        .log_text()
+        .matches("not known to have ended well")
+        .count();
     assert_eq!(not_done, 1, "{text}");
 }
 
-/// A quarantine whose actions ended well runs them again at every start
-/// while the GPU stays quarantined: the scheduler may have put the node
-/// back in service since (a reboot with `nextstate=RESUME`, a cold start
-/// of its controller, an operator's RESUME), and a drain run again does
-/// no harm. The log says why.
+/// What the start says of a GPU whose quarantine's actions are known
+/// done, left as they are (`again_at_start` off).
+const KNOWN_DONE_LEFT: &str =
+    "GPU 1: quarantined still at this start, its actions known done: not run again";
+
+/// `agent`'s log once it holds `said` `n` times, or after `secs` s.
+fn said_within(agent: &rig::twin_process::TwinProcess, said: &str, n: usize, secs: u64) -> String {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while agent.log_text().matches(said).count() < n && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    agent.log_text()
+}
+
+/// A quarantine whose actions ended well runs them again at a start
+/// while the GPU stays quarantined only with `again_at_start` (a site
+/// whose actions are all harmless run again, a drain: the scheduler may
+/// have put the node back in service since, by a reboot with
+/// `nextstate=RESUME` or an operator's RESUME); without it, nothing runs
+/// (a `scancel` would kill the node's jobs at every restart). The log
+/// says which.
 #[test]
-fn a_gpu_still_quarantined_at_a_start_has_its_actions_run_again() {
+fn a_gpu_still_quarantined_at_a_start_has_its_actions_run_again_only_when_asked() {
     let Some(rig) = Rig::start("fc") else {
         return;
     };
@@ -108,13 +125,22 @@ fn a_gpu_still_quarantined_at_a_start_has_its_actions_run_again() {
     assert_eq!(quarantine_outcomes(&ev, 1), [(true, Some(0))]);
     let (status, _) = agent.terminate(Duration::from_secs(12));
     assert!(status.success(), "{status}");
-    let agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &f);
+    let text = said_within(&agent, KNOWN_DONE_LEFT, 1, 5);
+    assert!(text.contains(KNOWN_DONE_LEFT), "{text}");
+    let ev = events_until(&mut sub, 1, |ev| !quarantine_outcomes(ev, 1).is_empty());
+    assert_eq!(quarantine_outcomes(&ev, 1), [], "run again unasked");
+    let (status, _) = agent.terminate(Duration::from_secs(12));
+    assert!(status.success(), "{status}");
+    let mut again = f.clone();
+    again.push("--quarantine-again-at-start".into());
+    let agent = rig.spawn_twin_process(ENTRY, 2, &again);
     let ev = events_until(&mut sub, 5, |ev| !quarantine_outcomes(ev, 1).is_empty());
     assert_eq!(quarantine_outcomes(&ev, 1), [(true, Some(0))]);
     assert_eq!(lines(&log), ["ran gpu-1"; 2], "run again at the start");
     let text = agent.log_text();
     assert!(
-        text.contains("GPU 1: quarantined still at this start"),
+        text.contains("GPU 1: quarantined still at this start (its actions ended well before it; again_at_start"),
         "{text}"
     );
 }
@@ -566,13 +592,13 @@ fn a_clean_stop_waits_for_the_running_actions_and_keeps_their_outcomes() {
             (CoolingStep::PowerDown, true, Some(0))
         ]
     );
-    // The next start knows them done: it runs again the power-down (the
-    // host runs again in the phase "powered down" with the CDU still
-    // saying the rack has no cooling, so it is powered down again, once)
-    // and the actions of the GPU still quarantined, not the drain.
+    // The next start knows them done: it runs again the power-down alone
+    // (the host runs again in the phase "powered down" with the CDU still
+    // saying the rack has no cooling, so it is powered down again, once),
+    // not the drain nor the actions of the GPU still quarantined.
     let before = read(&log);
     let agent = rig.spawn_twin_process(ENTRY, 2, &f);
-    let want = ["done gpu-1", "ran power_down f6 2", "started gpu-1"];
+    let want = ["ran power_down f6 2"];
     let again = || {
         let mut new: Vec<String> = read(&log)[before.len()..]
             .lines()

@@ -94,6 +94,10 @@ fn the_example_loads_with_this_hosts_settings_and_the_sites_files() {
         "a quarantined GPU is drained through the wrapper, tagged by GPU"
     );
     assert!(
+        c.quarantine_again_at_start,
+        "the drain, harmless run again, runs again at each start"
+    );
+    assert!(
         c.cooling_loss.any(),
         "a rack without cooling is drained and powered down"
     );

@@ -246,6 +246,10 @@ impl<P: CduPort> Devices<P> {
         self.judge_taken(&outcome);
         self.judge_writes(first, stats);
         stats.heartbeat_held = beat_held;
+        // What the mode's next reason reads: the heartbeat held back from
+        // the next step on, known now (its first step's change of mode
+        // names it, not the refused writes).
+        outcome.heartbeat_held = self.unheld_safety().next().is_some();
         outcome
     }
 

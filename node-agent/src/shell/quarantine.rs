@@ -12,10 +12,12 @@
 //! A quarantine's actions are *done* once every one of them ended well:
 //! then the quarantine's stamp is kept in flash beside the GPU's health
 //! (before the last outcome is published). At the start, every GPU kept
-//! quarantined has its actions run again, known done or not ([`kept`]):
-//! a drain or a taint run twice does no harm, one never run (the agent
-//! killed while they ran, one failed) or lifted since (a reboot that
-//! resumed the node) leaves the scheduler unaware. A cooling-loss resume lifts every
+//! quarantined whose actions are not known done has them run again
+//! ([`kept`]): one never run (the agent killed while they ran, one
+//! failed) leaves the scheduler unaware; those known done run again only
+//! with `[quarantine] again_at_start` (a drain lifted since by a reboot
+//! that resumed the node; a site whose every action bears running again
+//! at every restart). A cooling-loss resume lifts every
 //! drain: before its command starts, the quarantines in force are kept as
 //! known done no more (a run then in flight is not done when it ends
 //! well), and once it ended their actions run again, so a restart before
@@ -107,6 +109,10 @@ pub(crate) struct Run {
     failures: u32,
     /// When its actions run again (steady ms), after a run that failed.
     retry: Option<u64>,
+    /// Known done (its [`Record::Done`] holds its stamp and index) and run
+    /// again at the start (`again_at_start`): ended well, the record is
+    /// not written again.
+    kept_done: bool,
 }
 
 /// A record kept in flash for each GPU, under its identity (its UUID's
@@ -117,8 +123,9 @@ pub(super) enum Record {
     /// Its health state (postcard `GpuHealth`).
     Health,
     /// The stamp of its last quarantine whose actions are done (wall ms,
-    /// 8 bytes little-endian); none (an empty payload) once a
-    /// cooling-loss resume lifted their drain.
+    /// 8 bytes little-endian), then the GPU's index they ran under (1
+    /// byte; none in an earlier version's, `kept::done_payload`); none (an
+    /// empty payload) once a cooling-loss resume lifted their drain.
     Done,
 }
 
@@ -560,8 +567,9 @@ impl Agent {
         if self.config.quarantine_actions.is_empty() {
             return;
         }
-        for run in self.quarantine_runs.values_mut().filter(|r| r.left > 0) {
-            run.before_resume = true;
+        for run in self.quarantine_runs.values_mut() {
+            run.before_resume |= run.left > 0;
+            run.kept_done = false;
         }
         for gpu in self.quarantined() {
             self.keep_record(gpu, Record::Done, &[]);
@@ -593,7 +601,7 @@ impl Agent {
 
     /// A quarantine action ended: logged, and published; once every action
     /// of its quarantine ended well, the quarantine's stamp is kept in
-    /// flash first (so a restart does not run them again); once they all
+    /// flash first (so a restart knows them done); once they all
     /// ended and one failed, they run again after a wait.
     async fn on_action_ended(&mut self, gpu: u8, since: u64, o: actions::Outcome) {
         if o.ok {
@@ -658,7 +666,7 @@ impl Agent {
             return;
         };
         if run.ok {
-            let before_resume = run.before_resume;
+            let (before_resume, kept_done) = (run.before_resume, run.kept_done);
             self.quarantine_runs.remove(&(gpu, since));
             if let Some(g) = self.gpus.get_mut(gpu as usize) {
                 g.action_failed = None;
@@ -671,6 +679,9 @@ impl Agent {
                 return tracing::info!(
                     "GPU {gpu}: its quarantine actions ended well, begun before a cooling-loss resume that lifts their drain: not known done until they run after it"
                 );
+            }
+            if kept_done {
+                return;
             }
             return self.keep_record(gpu, Record::Done, &kept::done_payload(since, gpu));
         }

@@ -5,7 +5,7 @@
 use super::never_read_back::{measured, started, step};
 use super::*;
 use crate::modbus::{CduError, ReadBack};
-use loopwarden_protocol::message::CduMode;
+use loopwarden_protocol::message::{CduMode, Event};
 use loopwarden_protocol::ReasonCode;
 
 /// A CDU that echoes every write, refuses the setpoint with exception 3
@@ -110,4 +110,31 @@ fn a_heartbeat_held_back_has_a_reason_of_its_own_under_no_leak() {
         after(leaking, true),
         (CduMode::Degraded, ReasonCode::LEAK, true)
     );
+}
+
+/// The mode's change when a read-back first finds the valve word not
+/// held, after the CDU ran normally, names the held heartbeat, never the
+/// refused writes: the step that found it says the heartbeat is held
+/// from the next one on.
+#[test]
+fn the_mode_change_of_a_heartbeat_held_back_names_it_from_its_first_step() {
+    let cdu = Cdu {
+        refuses: false,
+        drops_valves: false,
+    };
+    let (mut decider, mut d) = started(cdu);
+    let mut changes = Vec::new();
+    for s in 0..40 {
+        d.cdu.drops_valves = s >= 20;
+        let (c, _) = step(&mut decider, &mut d, s, &measured(true, 0));
+        let changed = |e: &&Event| matches!(e, Event::CduModeChanged { .. });
+        changes.extend(c.events.iter().filter(changed).cloned());
+    }
+    let held = Event::CduModeChanged {
+        from: CduMode::Normal,
+        to: CduMode::Degraded,
+        reason: ReasonCode::HEARTBEAT_HELD,
+    };
+    let last = changes.last().expect("the mode changed");
+    assert_eq!(last, &held, "{changes:?}");
 }

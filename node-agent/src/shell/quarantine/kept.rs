@@ -1,15 +1,14 @@
-//! At the start, the GPUs kept quarantined: the actions of every one of
-//! them run again, whether they were known done or not. A drain known
-//! done may have been lifted since, with no word to the agent: Slurm
-//! returns a node to service after the reboot an XID 79 asks for
-//! (`scontrol reboot ASAP nextstate=RESUME`), a cold start of its
-//! controller or an operator's `State=RESUME` clears every drain. Run
-//! again, the drain puts the node back out for the GPU the agent still
-//! holds quarantined; on a node still drained for it, `loopwarden-slurm`
-//! writes nothing. The log says which were not known done (the agent
-//! killed while they ran or before they started, or one failed) and which
-//! were.
-//!
+//! At the start, the GPUs kept quarantined: the actions of those not
+//! known done run again (the agent killed while they ran or before they
+//! started, or one failed). Those known done run again only with
+//! `[quarantine] again_at_start`: a drain known done may have been lifted
+//! since, with no word to the agent (Slurm returns a node to service
+//! after the reboot an XID 79 asks for, `scontrol reboot ASAP
+//! nextstate=RESUME`; a cold start of its controller or an operator's
+//! `State=RESUME` clears every drain), and run again it puts the node back
+//! out; but an action that cancels jobs or files a ticket would do so at
+//! every restart, so the site says its actions bear it. The log says
+//! which were not known done, which run again, and which were left.
 //!
 //! The record of actions done keeps the GPU's index they ran under: a
 //! reboot that numbers the GPUs otherwise (one pulled, or fallen off the
@@ -114,20 +113,31 @@ fn say_renumbered(gpu: u8, was: u8, health: &node_core::health::HealthEngine) {
 }
 
 impl Agent {
-    /// At the start: the actions of every GPU kept quarantined run again;
-    /// `not_done`: those whose actions are not known done ([`not_done`]),
-    /// said apart from those that were.
+    /// At the start: the actions of each GPU kept quarantined whose
+    /// actions are not known done (`not_done`, [`not_done`]) run again;
+    /// those known done run again only with `[quarantine] again_at_start`
+    /// (a site whose every action is harmless run again), else are said
+    /// and left: an action that cancels jobs or files a ticket is not run
+    /// at every restart.
     pub(in crate::shell) fn resume_actions(&mut self, not_done: &[u8]) {
         if self.config.quarantine_actions.is_empty() {
             return;
         }
         for gpu in self.quarantined() {
-            let why = if not_done.contains(&gpu) {
-                "quarantined before the restart, its actions not known to have ended well"
+            if not_done.contains(&gpu) {
+                let why =
+                    "quarantined before the restart, its actions not known to have ended well";
+                self.run_actions_again(gpu, why);
+            } else if self.config.quarantine_again_at_start {
+                let why = "quarantined still at this start (its actions ended well before it; again_at_start: the scheduler may have put the node back in service since: a reboot, a resume)";
+                self.run_actions_again(gpu, why);
+                let since = self.node.gpu_health(gpu).since.0;
+                if let Some(run) = self.quarantine_runs.get_mut(&(gpu, since)) {
+                    run.kept_done = true;
+                }
             } else {
-                "quarantined still at this start (its actions ended well before it; the scheduler may have put the node back in service since: a reboot, a resume)"
-            };
-            self.run_actions_again(gpu, why);
+                tracing::info!("GPU {gpu}: quarantined still at this start, its actions known done: not run again ([quarantine] again_at_start is off; a node the scheduler put back in service since, by a reboot or a resume, stays so until drained by hand or the GPU is released)");
+            }
         }
     }
 }
