@@ -438,3 +438,56 @@ fn a_failed_quarantine_action_of_a_gpu_released_meanwhile_does_not_run_again() {
     let text = agent.log_text();
     assert!(text.contains("released or quarantined anew"), "{text}");
 }
+
+/// A quarantine's actions known done, run again at a start
+/// (`again_at_start`) and failing there (the scheduler's controller not
+/// up yet), are known done no more: the next start says they are not
+/// known to have ended well and runs them, `again_at_start` or not.
+#[test]
+fn a_run_again_at_the_start_that_fails_is_not_known_done_at_the_next() {
+    let Some(rig) = Rig::start("g9") else {
+        return;
+    };
+    let log = actions_log(&rig);
+    let notes = noting(&rig, "note.sh", "ran", "");
+    let fails = noting(&rig, "fail.sh", "failed", "exit 1");
+    let action = |script: &std::path::Path, again: bool| {
+        let mut f = flags(&[
+            "--quarantine-action",
+            &format!("{} {{gpu}}", script.display()),
+        ]);
+        if again {
+            f.push("--quarantine-again-at-start".into());
+        }
+        f
+    };
+    let mut sub = rig.subscribe(&["event"]);
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &action(&notes, false));
+    agent.xids(&[(1, 79)]);
+    let ev = events_until(&mut sub, 5, |ev| !quarantine_outcomes(ev, 1).is_empty());
+    assert_eq!(quarantine_outcomes(&ev, 1), [(true, Some(0))]);
+    let (status, _) = agent.terminate(Duration::from_secs(12));
+    assert!(status.success(), "{status}");
+
+    let mut agent = rig.spawn_twin_process(ENTRY, 2, &action(&fails, true));
+    let ev = events_until(&mut sub, 5, |ev| !quarantine_outcomes(ev, 1).is_empty());
+    assert_eq!(quarantine_outcomes(&ev, 1), [(false, Some(1))]);
+    let said = "known done no more";
+    let end = Instant::now() + Duration::from_secs(5);
+    while !agent.log_text().contains(said) && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    agent.crash();
+
+    let agent = rig.spawn_twin_process(ENTRY, 2, &action(&notes, false));
+    let ev = events_until(&mut sub, 5, |ev| !quarantine_outcomes(ev, 1).is_empty());
+    assert_eq!(quarantine_outcomes(&ev, 1), [(true, Some(0))]);
+    assert_eq!(lines(&log), ["ran 1", "failed 1", "ran 1"]);
+    let text = agent.log_text();
+    assert!(
+        text.contains(
+            "GPU 1: quarantined before the restart, its actions not known to have ended well"
+        ),
+        "{text}"
+    );
+}

@@ -111,7 +111,7 @@ pub(crate) struct Run {
     retry: Option<u64>,
     /// Known done (its [`Record::Done`] holds its stamp and index) and run
     /// again at the start (`again_at_start`): ended well, the record is
-    /// not written again.
+    /// not written again; failed, it is kept as none ([`kept`]).
     kept_done: bool,
 }
 
@@ -685,6 +685,7 @@ impl Agent {
             }
             return self.keep_record(gpu, Record::Done, &kept::done_payload(since, gpu));
         }
+        let kept_done = std::mem::take(&mut run.kept_done);
         run.failures = run.failures.saturating_add(1);
         let now = self.clock.steady().0;
         let due = actions::retry_at(now, run.failures);
@@ -694,6 +695,9 @@ impl Agent {
             run.failures,
             (due - now) / 1_000
         );
+        if kept_done {
+            self.done_no_more(gpu);
+        }
         let tx = self.actions.clone();
         tokio::spawn(async move {
             tokio::time::sleep(std::time::Duration::from_millis(due - now)).await;

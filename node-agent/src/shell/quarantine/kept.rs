@@ -7,8 +7,9 @@
 //! nextstate=RESUME`; a cold start of its controller or an operator's
 //! `State=RESUME` clears every drain), and run again it puts the node back
 //! out; but an action that cancels jobs or files a ticket would do so at
-//! every restart, so the site says its actions bear it. The log says
-//! which were not known done, which run again, and which were left.
+//! every restart, so the site says its actions bear it. Such a run that
+//! fails makes them known done no more. The log says which were not
+//! known done, which run again, and which were left.
 //!
 //! The record of actions done keeps the GPU's index they ran under: a
 //! reboot that numbers the GPUs otherwise (one pulled, or fallen off the
@@ -139,5 +140,13 @@ impl Agent {
                 tracing::info!("GPU {gpu}: quarantined still at this start, its actions known done: not run again ([quarantine] again_at_start is off; a node the scheduler put back in service since, by a reboot or a resume, stays so until drained by hand or the GPU is released)");
             }
         }
+    }
+
+    /// A run of `gpu`'s actions known done, run again at the start, failed:
+    /// its [`Record::Done`] is kept as none, so a restart does not say
+    /// they ended well.
+    pub(super) fn done_no_more(&self, gpu: u8) {
+        tracing::warn!("GPU {gpu}: its quarantine actions, known done, failed when run again at this start: known done no more");
+        self.keep_record(gpu, Record::Done, &[]);
     }
 }
