@@ -42,7 +42,9 @@
 //! are not. A read-back that fails is said on the console at each step,
 //! and to the gateway's log at the first of a run and when one reads
 //! back again ([`Change::Unread`], [`Change::ReadAgain`]), so a CDU
-//! whose read-back never works does not have the check silently off.
+//! whose read-back never works does not have the check silently off;
+//! the gateway's line says why in a few words, where, and whether a
+//! setting stays not taken ([`Failing`]), whole within its 120 bytes.
 //!
 //! Glossary:
 //! - *held*: the words a setting's registers read back.
@@ -115,6 +117,38 @@ impl fmt::Display for NotHeld {
     }
 }
 
+/// A step's read-back that failed, as the gateway is told it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failing {
+    /// The step's first failure.
+    pub why: Unread,
+    /// The settings last read back not held that stay not taken.
+    pub not_taken: u8,
+}
+
+/// Why a read-back failed in a few words: `no answer`, `exception 6`,
+/// `no time`.
+struct Reason<'a>(&'a Unread);
+
+impl fmt::Display for Reason<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let e = match self.0 {
+            Unread::OutOfTime { .. } => return f.write_str("no time"),
+            Unread::Port(e) => e,
+        };
+        match e {
+            RtuError::NoAnswer { cut: false, .. } => f.write_str("no answer"),
+            RtuError::NoAnswer { .. } => f.write_str("no answer in time"),
+            RtuError::Crc { .. } => f.write_str("bad CRC"),
+            RtuError::Refused { code, .. } => write!(f, "exception {code}"),
+            RtuError::BadAnswer { .. } => f.write_str("bad answer"),
+            RtuError::LineBusy { .. } => f.write_str("line busy"),
+            RtuError::OutOfTime { .. } => f.write_str("no time"),
+            RtuError::Serial { kind, .. } => write!(f, "UART {kind:?}"),
+        }
+    }
+}
+
 /// What the read-back of the safety settings said since the start.
 #[derive(Debug, Clone, Default)]
 pub struct SafetyHeld {
@@ -129,7 +163,7 @@ pub struct SafetyHeld {
     pub unread: u32,
     /// The first failure of the last step whose read-back failed, while
     /// none has read back since.
-    failing: Option<Unread>,
+    failing: Option<Failing>,
     /// Whether the gateway was last told the read-back fails.
     said_failing: bool,
 }
@@ -145,8 +179,9 @@ pub enum Change {
     HeldAgain,
     /// A read-back failed or was not asked, none failing before: the
     /// settings are taken on their echo, whether the CDU holds them not
-    /// known (the first failure of the run).
-    Unread(Unread),
+    /// known, but for those last read back not held (the first failure
+    /// of the run).
+    Unread(Failing),
     /// A read-back that failed before reads back again.
     ReadAgain,
 }
@@ -172,10 +207,25 @@ impl fmt::Display for Change {
             Change::HeldAgain => f.write_str(
                 "heartbeat written again: the CDU holds its safety settings again (read back)",
             ),
-            Change::Unread(u) => write!(
-                f,
-                "read-back failing, safety settings taken on their echo: {u}"
-            ),
+            // Whole within a line too at the widest fields (119 bytes):
+            // the console says the failure in full.
+            Change::Unread(u) => {
+                write!(f, "read-back failing ({}) at holding ", Reason(&u.why))?;
+                let (first, words) = u.why.span();
+                let end = u32::from(first) + u32::from(words).max(1) - 1;
+                match words {
+                    0 | 1 => write!(f, "{first}: ")?,
+                    _ => write!(f, "{first}-{end}: ")?,
+                }
+                match u.not_taken {
+                    0 => f.write_str("safety settings taken on their echo"),
+                    1 => f.write_str("echo taken, but 1 last read back not held stays not taken"),
+                    n => write!(
+                        f,
+                        "echo taken, but {n} last read back not held stay not taken"
+                    ),
+                }
+            }
             Change::ReadAgain => f.write_str("the CDU's safety settings read back again"),
         }
     }
@@ -224,7 +274,7 @@ impl SafetyHeld {
     /// as the gateway was last told, changed: the change, said once a
     /// run (one that meets a change of what is held is said at a later
     /// step).
-    fn news(&mut self, failed: Option<Unread>, read_any: bool, said: bool) -> Option<Change> {
+    fn news(&mut self, failed: Option<Failing>, read_any: bool, said: bool) -> Option<Change> {
         if failed.is_some() {
             self.failing = failed;
         } else if read_any {
@@ -362,6 +412,13 @@ pub fn write_step<P: HoldingPort>(
     for n in held.unheld.iter().filter(|u| unsure.contains(&u.setting)) {
         fail(&mut outcome, n.setting, &StillNotHeld(n));
     }
+    let not_taken = (held.unheld.iter())
+        .filter(|u| unsure.contains(&u.setting))
+        .count();
+    let failed = failed.map(|why| Failing {
+        why,
+        not_taken: not_taken as u8,
+    });
     let change = held.judge(&read, &found);
     let news = held.news(failed, !read.is_empty(), change.is_some());
     (outcome, change.or(news))
@@ -436,7 +493,19 @@ pub enum Unread {
         last: &'static str,
         /// The first register's address.
         address: u16,
+        /// The run's registers (words).
+        words: u16,
     },
+}
+
+impl Unread {
+    /// The run's first address and its registers.
+    pub fn span(&self) -> (u16, u16) {
+        match self {
+            Unread::Port(e) => (e.op().address, e.op().count),
+            Unread::OutOfTime { address, words, .. } => (*address, *words),
+        }
+    }
 }
 
 impl fmt::Display for Unread {
@@ -447,6 +516,7 @@ impl fmt::Display for Unread {
                 first,
                 last,
                 address,
+                ..
             } => {
                 f.write_str("read back ")?;
                 if first != last {
@@ -474,6 +544,7 @@ fn read_run<P: HoldingPort>(
             first: first.name,
             last: last.name,
             address: first.address,
+            words: words as u16,
         });
     }
     port.read_holding(first, last, &mut held[..words])
@@ -776,10 +847,7 @@ mod tests {
         cdu.silent = true;
         let (_, change, _) = cdu.step(&plan(0b1111), &mut held);
         let said = change.map(|c| c.to_string()).unwrap_or_default();
-        assert!(
-            said.starts_with("read-back failing") && said.contains("no whole answer"),
-            "{said}"
-        );
+        assert!(said.starts_with("read-back failing (no answer)"), "{said}");
         assert!(matches!(change, Some(Change::Unread(_))));
         let (_, change, _) = cdu.step(&plan(0b1111), &mut held);
         assert_eq!(change, None, "once a run");
@@ -797,10 +865,7 @@ mod tests {
         cdu.budget = 5;
         let (_, change, _) = cdu.step(&plan(0b1111), &mut held);
         let said = change.map(|c| c.to_string()).unwrap_or_default();
-        assert!(
-            said.contains("not asked: the step's time ran out"),
-            "{said}"
-        );
+        assert!(said.starts_with("read-back failing (no time)"), "{said}");
     }
 
     /// Each change of which settings the CDU does not hold is said to
@@ -876,6 +941,131 @@ mod tests {
             again.len() <= SAID_MAX && again.contains("heartbeat"),
             "{again}"
         );
+    }
+
+    /// The gateway's line of a read-back that fails says why (no
+    /// answer, the exception, no time), where, and what became of the
+    /// settings, whole within a line's room, for every failure kind.
+    #[test]
+    fn the_gateways_line_of_a_failing_read_back_says_why_whole_for_every_failure_kind() {
+        use crate::controller::said_words;
+        let said = |c: Option<Change>| {
+            let c = c.expect("the read-back failing said");
+            let said = said_words(&c);
+            assert_eq!(said.as_str(), c.to_string(), "cut");
+            std::string::String::from(said.as_str())
+        };
+        let fresh = || (Cdu::new(), SafetyHeld::default());
+        let (mut cdu, mut held) = fresh();
+        cdu.silent = true;
+        let line = said(cdu.step(&plan(0b1111), &mut held).1);
+        assert_eq!(
+            line,
+            "read-back failing (no answer) at holding 2-4: safety settings taken on their echo"
+        );
+        for (code, why) in [(6, "exception 6"), (1, "exception 1")] {
+            let (mut cdu, mut held) = fresh();
+            cdu.refuses = Some(code);
+            let line = said(cdu.step(&plan(0b1111), &mut held).1);
+            assert!(line.contains(why) && line.contains("holding 2-4"), "{line}");
+        }
+        let (mut cdu, mut held) = fresh();
+        cdu.budget = 5;
+        let line = said(cdu.step(&plan(0b1111), &mut held).1);
+        assert!(line.contains("(no time) at holding 2-4"), "{line}");
+        // A setting last read back not held stays not taken: said so.
+        let (mut cdu, mut held) = fresh();
+        cdu.ignores.push("pumps_run");
+        let mut both = plan(0b1111);
+        both.writes[1].value = 3.0;
+        cdu.step(&both, &mut held);
+        cdu.silent = true;
+        let line = said(cdu.step(&both, &mut held).1);
+        assert_eq!(
+            line,
+            "read-back failing (no answer) at holding 2-4: echo taken, but 1 last read back \
+             not held stays not taken"
+        );
+        // Every failure kind at the widest fields: whole.
+        let op = Op {
+            kind: OpKind::ReadHolding,
+            unit: u8::MAX,
+            address: u16::MAX,
+            count: MAX_READ as u16,
+            first: "lead_pump",
+            last: "valves_open",
+            sent: [0; 2],
+        };
+        let port = |e| Unread::Port(e);
+        use embedded_hal_nb::serial::ErrorKind;
+        for (why, reason) in [
+            (
+                port(RtuError::NoAnswer {
+                    op,
+                    after_us: u32::MAX,
+                    got: u16::MAX,
+                    cut: false,
+                }),
+                "no answer",
+            ),
+            (
+                port(RtuError::NoAnswer {
+                    op,
+                    after_us: u32::MAX,
+                    got: u16::MAX,
+                    cut: true,
+                }),
+                "no answer in time",
+            ),
+            (
+                port(RtuError::Crc {
+                    op,
+                    sent: 0,
+                    computed: 1,
+                }),
+                "bad CRC",
+            ),
+            (
+                port(RtuError::Refused { op, code: u8::MAX }),
+                "exception 255",
+            ),
+            (
+                port(RtuError::BadAnswer {
+                    op,
+                    why: crate::rtu::Mismatch::Length,
+                }),
+                "bad answer",
+            ),
+            (port(RtuError::LineBusy { op }), "line busy"),
+            (port(RtuError::OutOfTime { op }), "no time"),
+            (
+                port(RtuError::Serial {
+                    op,
+                    kind: ErrorKind::FrameFormat,
+                }),
+                "UART FrameFormat",
+            ),
+            (
+                Unread::OutOfTime {
+                    first: "lead_pump",
+                    last: "valves_open",
+                    address: u16::MAX,
+                    words: MAX_READ as u16,
+                },
+                "no time",
+            ),
+        ] {
+            for not_taken in 0..=3 {
+                let c = Change::Unread(Failing { why, not_taken });
+                let line = said(Some(c));
+                assert!(
+                    line.starts_with(&std::format!(
+                        "read-back failing ({reason}) at holding 65535-"
+                    )),
+                    "{line}"
+                );
+            }
+        }
     }
 
     /// Lead pump A tripped: pump B to run and lead, the CDU echoes both
