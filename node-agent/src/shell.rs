@@ -181,7 +181,7 @@ pub(crate) struct Agent {
     pub lost_mark: Option<lost_store::PendingClear>,
     /// The clear of the lost mark under way off the loop, awaited at a
     /// clean stop before the flash is flushed.
-    pub lost_mark_clearing: Option<tokio::task::JoinHandle<()>>,
+    pub lost_mark_clearing: Option<lost_store::Clearing>,
 }
 
 /// What a process that runs many agents may ask of each (nothing by

@@ -477,11 +477,7 @@ impl super::Agent {
         if let Some(pending) = &self.lost_mark {
             return Some(pending.view(self.node.cooling_unknown()));
         }
-        let clearing = (self.lost_mark_clearing.as_ref()).is_some_and(|c| !c.is_finished());
-        clearing.then(|| crate::console::snapshot::ConfigLost {
-            clearing: true,
-            ..Default::default()
-        })
+        self.lost_mark_clearing.as_ref()?.view()
     }
 
     /// At a clean stop: waits (at most [`CLEAR_WAIT`]) for the lost
@@ -500,27 +496,55 @@ impl super::Agent {
     }
 }
 
+/// The lost mark's clear under way ([`spawn_clear`]): its task, and why
+/// it failed once it did (the mark then stays: the status still shows it).
+pub struct Clearing {
+    task: tokio::task::JoinHandle<()>,
+    failed: std::sync::Arc<std::sync::OnceLock<String>>,
+}
+
+impl Clearing {
+    /// What the status says of the clear: under way, or failed (the mark
+    /// stays for this run, and why); `None` once done.
+    fn view(&self) -> Option<crate::console::snapshot::ConfigLost> {
+        if let Some(e) = self.failed.get() {
+            return Some(crate::console::snapshot::ConfigLost {
+                stays: Some(e.clone()),
+                ..Default::default()
+            });
+        }
+        (!self.task.is_finished()).then(|| crate::console::snapshot::ConfigLost {
+            clearing: true,
+            ..Default::default()
+        })
+    }
+}
+
 /// Clears the store's lost mark by `recorder` ([`clear_mark`]) on a task
-/// of its own, off the loop; the outcome said. The caller holds the task,
-/// for a clean stop to wait for ([`finish_clear`]).
-pub(super) fn spawn_clear(
-    recorder: Recorder,
-    pending: PendingClear,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+/// of its own, off the loop; the outcome said, a failure kept for the
+/// status. The caller holds it, for a clean stop to wait for
+/// ([`finish_clear`]).
+pub(super) fn spawn_clear(recorder: Recorder, pending: PendingClear) -> Clearing {
+    let failed = std::sync::Arc::new(std::sync::OnceLock::new());
+    let said = failed.clone();
+    let task = tokio::spawn(async move {
         match clear_mark(&recorder, pending).await {
             Ok(()) => tracing::warn!(
                 "the config store lost: what the lost store held is kept again: its lost mark is cleared, the next start reads the store as intact"
             ),
-            Err(e) => tracing::error!("{e}"),
+            Err(e) => {
+                tracing::error!("{e}");
+                let _ = said.set(e.to_string());
+            }
         }
-    })
+    });
+    Clearing { task, failed }
 }
 
 /// Waits (at most [`CLEAR_WAIT`]) for the lost mark's clear under way
 /// (`clearing`, [`spawn_clear`]); one not done by then is said.
-pub(super) async fn finish_clear(clearing: tokio::task::JoinHandle<()>) {
-    match tokio::time::timeout(CLEAR_WAIT, clearing).await {
+pub(super) async fn finish_clear(clearing: Clearing) {
+    match tokio::time::timeout(CLEAR_WAIT, clearing.task).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!(
             "the config store lost: clearing its lost mark failed ({e}): the next start may read the store as lost again"
@@ -887,6 +911,36 @@ mod tests {
         }
         let doc = include_str!("../../../docs/node-agent.md");
         assert!(doc.contains(&format!("| `…: {quoted}` (error) |")));
+    }
+
+    /// A clear that fails (a value refused by the flash since the start)
+    /// leaves the mark standing in the status, saying why, where it read
+    /// as cleared: the next start reads the store as lost again.
+    #[test]
+    fn a_clear_that_fails_keeps_the_mark_in_the_status() {
+        let stores = loopwarden_store::agent_flash::open(None).unwrap();
+        let r = Recorder::start(stores.log, stores.store, None).unwrap();
+        let too_big = futures::executor::block_on(r.set_sync("big".into(), vec![0; 1 << 20]));
+        assert!(too_big.is_err() && r.refused() == 1, "{too_big:?}");
+        let pending = PendingClear {
+            refused_before: 0,
+            unkept: Vec::new(),
+            not_kept: Vec::new(),
+            stays: None,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let view = rt.block_on(async {
+            let clearing = spawn_clear(r.clone(), pending);
+            while !clearing.task.is_finished() {
+                tokio::task::yield_now().await;
+            }
+            clearing.view()
+        });
+        let stays = view.and_then(|v| v.stays).unwrap_or_default();
+        assert!(stays.contains("lost mark stays"), "{stays}");
     }
 
     /// A publisher that holds the recorder's thread in its first publish
