@@ -896,10 +896,22 @@ pub(crate) mod tests {
     /// second, the counter unknown at every sample `unknown` says and
     /// falling to 0 at `reset_at` (ms); `None`: not in 10 minutes.
     fn pcie_degraded(unknown: impl Fn(u64) -> bool, reset_at: u64) -> Option<u64> {
+        let count = |t: u64| 24 * (t - if t >= reset_at { reset_at } else { 0 }) / 60_000;
+        pcie_count_degraded(count, unknown, 600_000)
+    }
+
+    /// When GPU 0 is degraded for PCIe replays counted `count` (ms), read
+    /// every second and unknown at every sample `unknown` says; `None`:
+    /// not before `until` (ms).
+    fn pcie_count_degraded(
+        count: impl Fn(u64) -> u64,
+        unknown: impl Fn(u64) -> bool,
+        until: u64,
+    ) -> Option<u64> {
         let mut e = engine(1);
-        for t in (0..600_000u64).step_by(1_000) {
+        for t in (0..until).step_by(1_000) {
             let o = Observation {
-                pcie_replay: 24 * (t - if t >= reset_at { reset_at } else { 0 }) / 60_000,
+                pcie_replay: count(t),
                 unknown: if unknown(t) {
                     Unsupported::PCIE
                 } else {
@@ -919,14 +931,32 @@ pub(crate) mod tests {
     fn a_sample_without_the_pcie_counter_neither_restarts_nor_judges_its_rate() {
         let steady = pcie_degraded(|_| false, u64::MAX).expect("24/min is degraded");
         assert!(steady <= 150_000, "{steady}");
-        // Unknown at every 30th sample: counted across, as if read.
-        let gaps = pcie_degraded(|t| t % 30_000 == 29_000, u64::MAX);
-        assert_eq!(gaps, Some(steady), "one sample in 30 unknown");
+        // Unknown at every 30th sample: counted across, the streak
+        // paused one period at each (at most 5 of them before `steady`).
+        let gaps = pcie_degraded(|t| t % 30_000 == 29_000, u64::MAX).expect("still 24/min");
+        assert!(
+            gaps > steady && gaps <= steady + 5_000,
+            "one sample in 30 unknown: {gaps}"
+        );
         // Unknown from just before the verdict on: never judged on it.
         assert_eq!(pcie_degraded(|t| t >= steady - 5_000, u64::MAX), None);
         // A counter that fell (reset) starts the count again.
         let reset = pcie_degraded(|_| false, steady - 5_000).expect("still 24/min");
         assert!(reset >= 2 * steady - 5_000, "{reset}");
+    }
+
+    #[test]
+    fn a_gap_of_failed_pcie_reads_does_not_lengthen_the_streak() {
+        // 24/min for 40 s (16 replays), then reads fail from 40 s to
+        // 160 s, a one-off blip of 20 replays at 45 s within the gap, and
+        // none after: the next read's minute spreads the blip over the
+        // gap and reads above the limit for a while, but the streak
+        // started before the gap must not count the gap's time.
+        let count = |t: u64| 24 * t.min(40_000) / 60_000 + if t >= 45_000 { 20 } else { 0 };
+        let gap = |t: u64| t > 40_000 && t < 160_000;
+        assert_eq!(pcie_count_degraded(count, gap, 400_000), None);
+        // Read throughout, it is never degraded either.
+        assert_eq!(pcie_count_degraded(count, |_| false, 400_000), None);
     }
 
     #[test]

@@ -25,7 +25,9 @@
 //!   read falls on its start and the count is whole.
 //! - *whole count*: an interpolated increase with its fraction dropped
 //!   ([`Increase::floor`]); the PCIe sustain is judged on it.
-//! - *streak*: how long a condition has held ([`Streak`]).
+//! - *streak*: how long a condition has held ([`Streak`]); paused over
+//!   samples that cannot judge it (its start moved forward by their
+//!   time), so it never grows over time not known.
 
 use std::collections::VecDeque;
 
@@ -185,12 +187,15 @@ impl Window {
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Streak {
     since: Option<u64>,
+    /// When it was last updated or paused.
+    last: Option<u64>,
 }
 
 impl Streak {
     /// `on`: seen now; `off`: clearly gone now; neither: keep as is.
     /// Returns how long it has held.
     pub(super) fn update(&mut self, t: u64, on: bool, off: bool) -> Option<u64> {
+        self.last = Some(t);
         if on {
             // A clock that stepped back restarts the streak.
             let since = self.since.filter(|&s| s <= t).unwrap_or(t);
@@ -202,6 +207,16 @@ impl Streak {
             }
             None
         }
+    }
+
+    /// Not known now: the streak is paused, its start moved forward by
+    /// the time since its last update, so it neither starts, ends nor
+    /// grows over time it was not judged on.
+    pub(super) fn pause(&mut self, t: u64) {
+        if let (Some(since), Some(last)) = (self.since, self.last) {
+            self.since = Some(since.saturating_add(t.saturating_sub(last)).min(t));
+        }
+        self.last = Some(t);
     }
 }
 
@@ -385,10 +400,14 @@ impl HealthEngine {
     /// reads, over exactly the minute and the 2 minutes before the newest
     /// read (interpolated); the streak still runs in the samples' time. A
     /// sample that does not know the counter (a failed read) adds no
-    /// point and leaves the streak as it is, never judged on values not
-    /// known: the next read counts across the gap, and a failed read now
-    /// and then neither restarts the count nor ends the streak (a counter
-    /// that fell, reset, starts the window again). Its 2 minutes are judged on whole replays, and the
+    /// point and pauses the streak, never judged on values not known:
+    /// the next read counts across the gap, and a failed read now and
+    /// then neither restarts the count nor ends the streak, only puts it
+    /// off by the sample's period (a counter that fell, reset, starts the
+    /// window again). The streak's start moves forward by the time not
+    /// known, so a gap of failed reads, whose replays the next read
+    /// spreads evenly over it, does not count towards the sustain. Its 2
+    /// minutes are judged on whole replays, and the
     /// GPU is degraded only while they are above the limit: a steady rate
     /// at or below the limit, whose interpolated minute can read up to one
     /// replay above it, counts no more whole replays in 2 minutes than
@@ -415,12 +434,18 @@ impl HealthEngine {
         let sbe_min = tr.sbe.push(t, o.sbe_volatile, 60_000);
         let crc_min = tr.crc.push(t, o.nvlink_crc, 60_000);
         // A sample that does not know the counter neither starts, ends
-        // nor lengthens the streak: it is judged again at the next read.
-        let pcie_for = tr.pcie_high.update(
-            t,
-            pcie_known && pcie_min.above(60_000, p.pcie_replays_per_min, 60_000),
-            pcie_known && !pcie_over,
-        );
+        // nor lengthens the streak (paused over the time not known): it
+        // is judged again at the next read.
+        let pcie_for = if pcie_known {
+            tr.pcie_high.update(
+                t,
+                pcie_min.above(60_000, p.pcie_replays_per_min, 60_000),
+                !pcie_over,
+            )
+        } else {
+            tr.pcie_high.pause(t);
+            None
+        };
         let sbe_for = tr
             .sbe_high
             .update(t, sbe_min.above(60_000, p.sbe_per_min, 60_000), true);
