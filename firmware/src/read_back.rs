@@ -34,9 +34,10 @@
 //! controller acts on these settings alike and differs in what it
 //! reports: a setting whose write failed, then taken on its echo alone,
 //! it reports not taken (degraded `cdu-writes-refused`) until a
-//! read-back reads it held, where the firmware reports it taken; its
-//! heartbeat held back reads `heartbeat-held`, the firmware's withheld
-//! `cdu-writes-refused` (docs/firmware.md section 3). After a run the
+//! read-back reads it held, where the firmware reports it taken. A
+//! heartbeat withheld reads `heartbeat-held` on both, from the step
+//! whose read-back found a setting not held (`Outcome::heartbeat_held`,
+//! docs/firmware.md section 3). After a run the
 //! CDU did not answer, the later runs are not
 //! asked (each would wait out its own timeout), as a read's later spans
 //! are not. A read-back that fails is said on the console at each step,
@@ -420,6 +421,9 @@ pub fn write_step<P: HoldingPort>(
         not_taken: not_taken as u8,
     });
     let change = held.judge(&read, &found);
+    // The heartbeat is withheld from the next step on: the mode's change
+    // names it (`heartbeat-held`) from this step, not the refused writes.
+    outcome.heartbeat_held = held.withholds();
     let news = held.news(failed, !read.is_empty(), change.is_some());
     (outcome, change.or(news))
 }

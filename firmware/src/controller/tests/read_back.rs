@@ -108,3 +108,51 @@ fn a_pump_handover_the_cdu_echoed_but_never_ran_is_not_judged_a_trip_when_its_re
     assert_eq!(faults[1], None, "B judged tripped: {console}");
     assert!(held.withholds() && held.unread > 20);
 }
+
+/// The CDU echoes the pumps' run flags but never takes them: from the
+/// step after the read-back finds that, the mode is degraded
+/// `heartbeat-held` (2016), as the Linux controller says it, never
+/// `cdu-writes-refused` (which sends people to the CDU's panel).
+#[test]
+fn a_safety_setting_the_cdu_does_not_hold_degrades_the_mode_as_heartbeat_held_from_its_first_step()
+{
+    use loopwarden_protocol::ReasonCode;
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    let (mut board, mut held) = (Echoes::default(), SafetyHeld::default());
+    let mut console = String::new();
+    let mut found = None;
+    for s in 0..45u64 {
+        if s == 30 {
+            // It stops pump A on its own, and takes no run flag since.
+            let at = crate::cdu::holding("pumps_run").map(|r| r.address);
+            board.holding.remove(&at.unwrap());
+            board.ignored = std::vec!["pumps_run"];
+        }
+        c.step(p, Some(cdu(0b1111, 0)), s * 1000);
+        let (_, reason, _) = c.decider().core().mode();
+        if s == 30 {
+            assert_eq!(reason, ReasonCode::OK, "settled before");
+        }
+        if found.is_some() {
+            assert_eq!(reason, ReasonCode::HEARTBEAT_HELD, "step {s}: {console}");
+        }
+        if c.to_keep(p).is_some() {
+            c.kept(p, true);
+        }
+        let plan = c.plan(p);
+        let (o, change) = write_step(&mut board, &plan, &mut held, &mut console);
+        if let Some(change) = change {
+            c.read_back_changed(p, &change);
+        }
+        if held.withholds() {
+            found.get_or_insert(s);
+        }
+        c.written(p, o);
+        c.report(p, s * 1000, true);
+    }
+    assert_eq!(found, Some(30), "not held found");
+}
