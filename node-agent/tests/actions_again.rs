@@ -402,7 +402,8 @@ fn a_failed_cooling_drain_runs_again_after_a_backoff_until_it_ends_well() {
 }
 
 /// A quarantine whose action failed, its GPU released by an operator
-/// before the wait is over: the action does not run again.
+/// before the wait is over: the action does not run again, and its
+/// failure is shown no more (`ctl status`).
 #[test]
 fn a_failed_quarantine_action_of_a_gpu_released_meanwhile_does_not_run_again() {
     let Some(rig) = Rig::start("g4") else {
@@ -437,6 +438,8 @@ fn a_failed_quarantine_action_of_a_gpu_released_meanwhile_does_not_run_again() {
     assert_eq!(lines(&log), ["quarantine 0"], "run again after the release");
     let text = agent.log_text();
     assert!(text.contains("released or quarantined anew"), "{text}");
+    let status = status_once(&agent, 3, |a| a["last_failure"].is_null());
+    assert!(status["site_actions"]["last_failure"].is_null(), "{status}");
 }
 
 /// A quarantine's actions known done, run again at a start

@@ -70,10 +70,15 @@ pub struct SiteActions {
     pub cooling_ok: u64,
     /// Cooling-loss steps' commands that failed.
     pub cooling_failed: u64,
-    /// The last failure of either kind, until a later run of the same
-    /// (its retry: the same GPU's quarantine, the same cooling-loss step)
-    /// ended well ([`SiteActions::ended_well`]).
+    /// The newest failure of either kind still outstanding: a failure
+    /// is outstanding until a later run of the same (its retry: the same
+    /// GPU's quarantine, the same cooling-loss step) ended well
+    /// ([`SiteActions::ended_well`]) or will not run again
+    /// ([`SiteActions::forget`]).
     pub last_failure: Option<ActionFailure>,
+    /// The failures outstanding, one per `what` (its newest), oldest
+    /// first.
+    outstanding: Vec<ActionFailure>,
 }
 
 /// A site command that failed.
@@ -99,7 +104,8 @@ pub enum ActionKind {
 }
 
 impl SiteActions {
-    /// Counts one outcome of a `kind` command; a failure becomes the last.
+    /// Counts one outcome of a `kind` command; a failure becomes the last,
+    /// in place of an earlier one for the same thing.
     pub fn count(&mut self, kind: ActionKind, ok: bool, failure: impl FnOnce() -> ActionFailure) {
         let n = match (kind, ok) {
             (ActionKind::Quarantine, true) => &mut self.quarantine_ok,
@@ -109,17 +115,26 @@ impl SiteActions {
         };
         *n += 1;
         if !ok {
-            self.last_failure = Some(failure());
+            let f = failure();
+            self.outstanding.retain(|o| o.what != f.what);
+            self.outstanding.push(f);
+            self.last_failure = self.outstanding.last().cloned();
         }
     }
 
     /// A run for `what` (`quarantine of GPU 3`, `cooling-loss drain`)
-    /// ended well, every command of it: the last failure, if it was one of
-    /// `what`'s, is shown no more (its counts stay).
+    /// ended well, every command of it: `what`'s failure is outstanding no
+    /// more, and the newest other one still outstanding is shown (the
+    /// counts stay).
     pub fn ended_well(&mut self, what: &str) {
-        if self.last_failure.as_ref().is_some_and(|f| f.what == what) {
-            self.last_failure = None;
-        }
+        self.outstanding.retain(|o| o.what != what);
+        self.last_failure = self.outstanding.last().cloned();
+    }
+
+    /// No run for `what` follows its failure (the GPU released or
+    /// quarantined anew): shown no more, as if it ended well.
+    pub fn forget(&mut self, what: &str) {
+        self.ended_well(what)
     }
 }
 
@@ -380,5 +395,34 @@ mod tests {
         a.ended_well("cooling-loss drain");
         assert_eq!(a.last_failure, None);
         assert_eq!(a.cooling_failed, 1);
+    }
+
+    /// GPU 3's drain fails, then GPU 4's; GPU 4's retry ending well shows
+    /// GPU 3's again, still outstanding, not nothing; one that will not
+    /// run again (its GPU released) is shown no more.
+    #[test]
+    fn the_newest_failure_still_outstanding_is_shown() {
+        let mut a = SiteActions::default();
+        a.count(ActionKind::Quarantine, false, || {
+            failure("quarantine of GPU 3")
+        });
+        a.count(ActionKind::Quarantine, false, || {
+            failure("quarantine of GPU 4")
+        });
+        assert_eq!(a.last_failure, Some(failure("quarantine of GPU 4")));
+        a.ended_well("quarantine of GPU 4");
+        assert_eq!(a.last_failure, Some(failure("quarantine of GPU 3")));
+        // GPU 3 fails again after GPU 4 failed anew: GPU 3's is the newest.
+        a.count(ActionKind::Quarantine, false, || {
+            failure("quarantine of GPU 4")
+        });
+        a.count(ActionKind::Quarantine, false, || {
+            failure("quarantine of GPU 3")
+        });
+        a.forget("quarantine of GPU 3");
+        assert_eq!(a.last_failure, Some(failure("quarantine of GPU 4")));
+        a.forget("quarantine of GPU 4");
+        assert_eq!(a.last_failure, None);
+        assert_eq!(a.quarantine_failed, 4);
     }
 }

@@ -720,6 +720,10 @@ impl Agent {
         let st = self.node.health().status(gpu);
         if !st.is_some_and(|st| st.state == HealthState::Quarantined && st.since.0 == since) {
             self.quarantine_runs.remove(&(gpu, since));
+            if st.is_some_and(|st| st.state != HealthState::Quarantined) {
+                self.site_actions
+                    .forget(&format!("quarantine of GPU {gpu}"));
+            }
             return tracing::info!(
                 "GPU {gpu}: released or quarantined anew: the actions of its quarantine that failed do not run again"
             );
