@@ -13,9 +13,10 @@
 //! every sample, so it passes through fresh too; only a GPU with no other
 //! per-sample field value reads it with the slow counters
 //! ([`SlowCounters::pcie_with_slow`] plays that: held between reads, the
-//! sample marked [`Observation::pcie_held`]). The volatile ECC counts,
-//! the NVLink totals, temperatures, power, clocks and clock-event reasons
-//! are read at every sample and pass through. (The per-link NVLink
+//! sample marked [`Observation::pcie_held`], and unknown as its read
+//! was: a failed read stays unknown until the next). The volatile ECC
+//! counts, the NVLink totals, temperatures, power, clocks and clock-event
+//! reasons are read at every sample and pass through. (The per-link NVLink
 //! counters are slow too, but read at once whenever the totals move, so
 //! they are as fresh as the totals when it matters; traces carry only
 //! the totals.)
@@ -23,6 +24,8 @@
 //! Glossary:
 //! - *slow counters*: the fields above that are read every `every_ms`.
 //! - *held*: their values as last read.
+
+use loopwarden_protocol::Unsupported;
 
 use super::Observation;
 
@@ -90,8 +93,12 @@ impl SlowCounters {
                 seen.remap_failure = held.remap_failure;
                 seen.recovery_action = held.recovery_action;
                 if self.pcie_slow {
+                    // Known as its read was: a failed read stays unknown
+                    // until the next, as the agent holds it.
                     seen.pcie_replay = held.pcie_replay;
                     seen.pcie_held = true;
+                    let failed = held.unknown.contains(Unsupported::PCIE);
+                    seen.unknown = seen.unknown.with(Unsupported::PCIE, failed);
                 }
                 seen
             }
@@ -170,5 +177,33 @@ mod tests {
         let seen = s.read(10_000, 0, &o(10_000));
         assert_eq!((seen.pcie_replay, seen.pcie_held), (0, true), "held");
         assert_eq!(s.read(30_000, 0, &o(30_000)), o(30_000), "read again");
+    }
+
+    #[test]
+    fn a_held_pcie_replay_counter_is_known_as_its_read_was() {
+        let mut s = SlowCounters::new(1, 30_000).pcie_with_slow();
+        let o = |t: u64, failed: bool| Observation {
+            pcie_replay: t / 1000,
+            unknown: Unsupported::empty().with(Unsupported::PCIE, failed),
+            ..Observation::default()
+        };
+        assert_eq!(s.read(0, 0, &o(0, true)), o(0, true), "a failed read");
+        let seen = s.read(10_000, 0, &o(10_000, false));
+        assert!(seen.pcie_held);
+        assert!(
+            seen.unknown.contains(Unsupported::PCIE),
+            "held from a failed read: unknown until read again"
+        );
+        assert_eq!(s.read(30_000, 0, &o(30_000, false)), o(30_000, false));
+        let seen = s.read(40_000, 0, &o(40_000, true));
+        assert_eq!((seen.pcie_replay, seen.pcie_held), (30, true));
+        assert!(
+            !seen.unknown.contains(Unsupported::PCIE),
+            "held from a good read: known, not read at this sample"
+        );
+        // Read every sample, the sample's own read says.
+        let mut fresh = SlowCounters::new(1, 30_000);
+        assert_eq!(fresh.read(0, 0, &o(0, true)), o(0, true));
+        assert_eq!(fresh.read(10_000, 0, &o(10_000, false)), o(10_000, false));
     }
 }
