@@ -191,6 +191,9 @@ pub struct Controller<'d> {
     /// The last latched record did not go to flash (said to the gateway
     /// at the first of a run of failures, and when one goes in again).
     latch_failing: bool,
+    /// The gateway started again since the last step's read-back: what
+    /// the read-back finds is said to it again.
+    read_back_again: bool,
 }
 
 impl<'d> Controller<'d> {
@@ -224,6 +227,7 @@ impl<'d> Controller<'d> {
             gateway_layout: None,
             disagreement_said_ms: None,
             latch_failing: false,
+            read_back_again: false,
             input: Traced::ToKeep,
             digest: None,
             readings: None,
@@ -418,6 +422,26 @@ impl<'d> Controller<'d> {
             Applied::Planned { plan, .. } => plan,
             _ => Plan::default(),
         }
+    }
+
+    /// Step 5, the writes of `plan` and their read-back through `port`
+    /// ([`crate::read_back::write_step`], what it found in `held`, each
+    /// failure on `console`). After the gateway started again, what the
+    /// read-back finds (a setting not held, a read-back failing) is said
+    /// again at this step, for the restarted gateway's log, as the leases
+    /// go again ([`crate::read_back::SafetyHeld::gateway_back`]). The
+    /// outcome, and the change to say ([`Controller::read_back_changed`]).
+    pub fn write_and_read_back<P: crate::read_back::HoldingPort>(
+        &mut self,
+        port: &mut P,
+        plan: &Plan,
+        held: &mut crate::read_back::SafetyHeld,
+        console: &mut impl fmt::Write,
+    ) -> (Outcome, Option<crate::read_back::Change>) {
+        if core::mem::take(&mut self.read_back_again) {
+            held.gateway_back();
+        }
+        crate::read_back::write_step(port, plan, held, console)
     }
 
     /// Step 5, its read-back (`crate::read_back`): the CDU does not hold

@@ -46,6 +46,8 @@
 //! whose read-back never works does not have the check silently off;
 //! the gateway's line says why in a few words, where, and whether a
 //! setting stays not taken ([`Failing`]), whole within its 120 bytes.
+//! A gateway that started again hears the settings not held and a
+//! read-back failing again at the next step ([`SafetyHeld::gateway_back`]).
 //!
 //! Glossary:
 //! - *held*: the words a setting's registers read back.
@@ -167,6 +169,9 @@ pub struct SafetyHeld {
     failing: Option<Failing>,
     /// Whether the gateway was last told the read-back fails.
     said_failing: bool,
+    /// The gateway started again: the settings not held are said again
+    /// at the next read-back, whether or not they changed.
+    say_unheld: bool,
 }
 
 /// A change of whether the CDU holds its safety settings, for the
@@ -244,6 +249,14 @@ impl SafetyHeld {
         &self.unheld
     }
 
+    /// The gateway started again, its log empty of what was said: the
+    /// next read-back says what it finds again (a setting not held, a
+    /// read-back failing), whether or not it changed.
+    pub fn gateway_back(&mut self) {
+        self.said_failing = false;
+        self.say_unheld = true;
+    }
+
     /// A read-back of `read` (the settings read back held or not) that
     /// found `found` not held: one read held leaves, one found not held
     /// comes in (or is renewed). The change of which are not held, if
@@ -263,9 +276,10 @@ impl SafetyHeld {
         let same = self.unheld.len() == before.len()
             && self.unheld.iter().all(|u| before.contains(&u.setting));
         let came = self.unheld.iter().find(|u| !before.contains(&u.setting));
+        let again = core::mem::take(&mut self.say_unheld);
         match (was, came.or(self.unheld.first())) {
             (true, None) => Some(Change::HeldAgain),
-            (_, Some(n)) if !same => Some(Change::NotHeld(*n)),
+            (_, Some(n)) if !same || again => Some(Change::NotHeld(*n)),
             _ => None,
         }
     }

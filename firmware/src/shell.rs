@@ -30,7 +30,7 @@ use loopwarden_firmware::latch::{self, LoadError};
 use loopwarden_firmware::learned::{self, LearnedFlash};
 use loopwarden_firmware::map::{self, Register, Span};
 use loopwarden_firmware::outbound::{FrameBuffers, FramedPort, GATEWAY_QUEUE};
-use loopwarden_firmware::read_back::{self, HoldingPort, SafetyHeld};
+use loopwarden_firmware::read_back::{HoldingPort, SafetyHeld};
 use loopwarden_firmware::reads::{self, InputPort, ReadErrors};
 use loopwarden_firmware::writes::{self, SettingPort};
 use loopwarden_firmware::{counters, rtu};
@@ -435,9 +435,11 @@ impl Shell {
 
     /// Writes the plan, each setting on its own (the heartbeat withheld
     /// while a safety setting reads back not held), then reads back the
-    /// safety writes that went in ([`read_back::write_step`]); each
-    /// failure to the console, a change of what the CDU holds to the
-    /// gateway too.
+    /// safety writes that went in
+    /// ([`loopwarden_firmware::read_back::write_step`], through
+    /// [`Controller::write_and_read_back`]: said again to a gateway that
+    /// started again); each failure to the console, a change of what the
+    /// CDU holds to the gateway too.
     #[inline(never)]
     fn write_cdu(&mut self, ctl: &mut Controller<'_>, plan: &Plan) -> Outcome {
         self.pause_work();
@@ -446,7 +448,7 @@ impl Shell {
             budget: self.budget,
         };
         let (outcome, change) =
-            read_back::write_step(&mut port, plan, &mut self.safety, &mut self.console);
+            ctl.write_and_read_back(&mut port, plan, &mut self.safety, &mut self.console);
         self.resume_work();
         if let Some(c) = change {
             ctl.read_back_changed(self, &c);

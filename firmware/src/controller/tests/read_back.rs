@@ -156,3 +156,70 @@ fn a_safety_setting_the_cdu_does_not_hold_degrades_the_mode_as_heartbeat_held_fr
     }
     assert_eq!(found, Some(30), "not held found");
 }
+
+/// The read-back fails from the start and is said to the gateway once;
+/// the gateway starts again (its frames numbered from 0 again): the
+/// next step says it again, for the restarted gateway's log, then no
+/// more. So does a setting not held.
+#[test]
+fn a_failing_read_back_and_a_setting_not_held_are_said_again_to_a_restarted_gateway() {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    let (mut board, mut held) = (Echoes::default(), SafetyHeld::default());
+    board.silent = true;
+    let mut console = String::new();
+    let said = |p: &Fake, from: usize, what: &str| {
+        (p.ups[from..].iter())
+            .filter(|u| matches!(u, Up::Said { words, .. } if words.starts_with(what)))
+            .count()
+    };
+    let mut seq = 10;
+    let mut run = |c: &mut Controller<'_>, p: &mut Fake, board: &mut Echoes, s: u64, seq: u32| {
+        hear_numbered(c, p, &alive(s), seq, s * 1000);
+        c.step(p, Some(cdu(0b1111, 0)), s * 1000);
+        if c.to_keep(p).is_some() {
+            c.kept(p, true);
+        }
+        let plan = c.plan(p);
+        let (o, change) = c.write_and_read_back(board, &plan, &mut held, &mut console);
+        if let Some(change) = change {
+            c.read_back_changed(p, &change);
+        }
+        c.written(p, o);
+        c.report(p, s * 1000, true);
+    };
+    for s in 0..5u64 {
+        run(&mut c, p, &mut board, s, seq);
+        seq += 1;
+    }
+    assert_eq!(said(p, 0, "read-back failing (no answer)"), 1, "once a run");
+    let before = p.ups.len();
+    for s in 5..8u64 {
+        run(&mut c, p, &mut board, s, (s - 5) as u32);
+    }
+    assert_eq!(c.link.restarts, 1);
+    assert_eq!(
+        said(p, before, "read-back failing (no answer)"),
+        1,
+        "said again once"
+    );
+    // A setting not held: said again to a gateway started again.
+    board.silent = false;
+    board.ignored = std::vec!["pumps_run"];
+    let at = crate::cdu::holding("pumps_run").map(|r| r.address);
+    board.holding.remove(&at.unwrap());
+    let before = p.ups.len();
+    for s in 8..11u64 {
+        run(&mut c, p, &mut board, s, (s - 5) as u32);
+    }
+    assert_eq!(said(p, before, "heartbeat withheld"), 1);
+    let before = p.ups.len();
+    for s in 11..14u64 {
+        run(&mut c, p, &mut board, s, (s - 11) as u32);
+    }
+    assert_eq!(c.link.restarts, 2);
+    assert_eq!(said(p, before, "heartbeat withheld"), 1, "said again once");
+}
