@@ -68,8 +68,8 @@ at() { # at SECONDS: sleeps until then
 
 SCENARIO=firmware/scenarios/leak-and-pump-trip.toml
 # The CDU answers each request 60 ms after it, as real CDUs' controllers
-# take tens of milliseconds: every step's two reads and six writes must
-# still go in within its budget.
+# take tens of milliseconds: every step's two reads, six writes and the
+# read-back of its safety settings must still go in within its budget.
 TURNAROUND_MS=60
 say "building the host side, the hall's figures and the firmware (release)"
 build_start=$SECONDS
