@@ -317,6 +317,7 @@ pub fn summary_json(s: &Study) -> Value {
         "ett_p95": per_policy(s, |p| json!(p.ett_p95)),
         "interruptions": per_policy(s, |p| json!(p.interruptions)),
         "interruptions_by_cause": per_policy(s, |p| by_name(&p.interruptions_by_class)),
+        "quarantine_stops": per_policy(s, |p| json!(p.quarantine_stops)),
         "lost_gpu_h_by_cause": per_policy(s, |p| by_name(&p.lost_by_cause)),
         "lost_gpu_h_by_part": per_policy(s, |p| serde_json::to_value(&p.lost).unwrap_or(Value::Null)),
         "ett_differences": differences_json(s),

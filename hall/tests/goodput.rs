@@ -210,3 +210,47 @@ fn drains_with_neither_false_flag_are_compared_with_the_agent_with_none() {
     assert!(md.contains("| reactive | agent, no false quarantines |"));
     assert!(!md.contains("(as run) |"));
 }
+
+#[test]
+fn a_quarantine_that_ends_the_job_is_an_interruption_not_a_failure_drained() {
+    let dir = tempfile::tempdir().unwrap();
+    let mix = dir.path().join("quarantined.toml");
+    let text = r#"format = "goodput-mix/1"
+source = "every flag a quarantine"
+rate_per_gpu_day = 0.002
+[[class]]
+name = "gpu"
+share = 1.0
+host_visible = true
+onset = "crash"
+precursor = { coverage = 0.8, lead = { kind = "fixed", hours = 2.0 }, quarantined = 1.0 }
+"#;
+    std::fs::write(&mix, text).unwrap();
+    let out = dir.path().join("run");
+    let flags = ["--mix", mix.to_str().unwrap(), "--gpus", "1024"];
+    let o = goodput(&out, &[&flags[..], &["--quarantine-ends-job"]].concat());
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let stdout = String::from_utf8(o.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let (i, q) = (&v["interruptions"], &v["quarantine_stops"]);
+    let f = |x: &serde_json::Value, p: &str| x[p].as_f64().unwrap();
+    assert_eq!(f(q, "reactive"), 0.0);
+    assert!(f(q, "agent") > 0.0, "{v}");
+    // The job stops as often under the agent as under reactive handling:
+    // each quarantine stop is one failure's stop, sooner.
+    assert!(f(i, "agent") >= f(q, "agent"), "{v}");
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    let row: Vec<&str> = md
+        .lines()
+        .find(|l| l.starts_with("| agent |"))
+        .unwrap()
+        .split('|')
+        .map(str::trim)
+        .collect();
+    // policy, ETT, percentiles, interruptions, quarantine stops, drains,
+    // failures drained or left out of a restart.
+    assert_eq!(row[6], "0.0", "the agent drains nothing: {row:?}");
+    let n = |k: usize| row[k].parse::<f64>().unwrap();
+    assert!(n(7) < n(5), "a stop is not a failure averted: {row:?}");
+    assert!(md.contains("| of which a quarantine's stop | drains | failures drained or left out of a restart before they struck |"));
+}

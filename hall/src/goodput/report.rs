@@ -87,11 +87,12 @@ pub fn markdown(s: &Study, measured_notes: &[String]) -> String {
 fn row(md: &mut String, name: &str, p: &PolicySummary) {
     let _ = writeln!(
         md,
-        "| {name} | {} | {} – {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+        "| {name} | {} | {} – {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
         pct(p.ett),
         pct(p.ett_p05),
         pct(p.ett_p95),
         p.interruptions,
+        p.quarantine_stops,
         p.drains,
         p.failures_averted,
         p.false_alarms,
@@ -103,10 +104,14 @@ fn row(md: &mut String, name: &str, p: &PolicySummary) {
 fn result(md: &mut String, s: &Study) {
     md.push_str(
         "## ETT per policy\n\n\
-         | policy | ETT (mean) | 5th – 95th percentile | interruptions | drains | \
-         failures drained before they struck | false degrades drained | \
-         false quarantines acted on | waits for a spare |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         Interruptions are the failing GPUs' unplanned stops: failures that struck, and \
+         quarantines that ended the job before the failure struck (`--quarantine-ends-job`; \
+         also in their own column). A failure averted was drained, or left out of a restart, \
+         with no stop of its own.\n\n\
+         | policy | ETT (mean) | 5th – 95th percentile | interruptions | of which a \
+         quarantine's stop | drains | failures drained or left out of a restart before they \
+         struck | false degrades drained | false quarantines acted on | waits for a spare |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for (k, p) in s.headline.policies.iter().enumerate() {
         row(md, POLICIES[k], p);

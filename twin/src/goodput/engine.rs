@@ -21,7 +21,8 @@
 //! once, as a failure would. So does a failing GPU's quarantine before it
 //! strikes (a flag the precursor says is a quarantine) under both agent
 //! policies: the work since the checkpoint and the restart, charged to its
-//! class, instead of a drain at the next write; the failure is averted.
+//! class, instead of a drain at the next write; the failure itself is not
+//! played, and the stop counts as an interruption (a *quarantine stop*).
 //! Reactive handling has no agent to quarantine.
 //!
 //! Glossary:
@@ -35,6 +36,9 @@
 //!   restart begins, is left out of that restart instead: its host takes
 //!   a spare, and it costs nothing more unless the restart must wait
 //!   longer for that spare.
+//! - *quarantine stop*: a failing GPU's quarantine that ends the job
+//!   before it strikes: unplanned, so an interruption, never a failure
+//!   averted.
 //! - *held*: hosts the agent quarantined while the job ran on them; the
 //!   job keeps them until its next restart, which leaves them out.
 //! - *spare pool*: spare hosts free now, and failed hosts in repair that
@@ -84,13 +88,21 @@ pub struct Outcome {
     /// The same, by cause: the mix's classes in order, then false alarms
     /// (false quarantines among them), then checkpoints.
     pub lost_by_cause: Vec<f64>,
-    /// Failures that stopped the job.
+    /// Unplanned stops for a failing GPU: failures that struck, and
+    /// failing GPUs' quarantines that ended the job before they struck
+    /// (those also in `quarantine_stops`). A false quarantine's stop is in
+    /// `false_quarantines`.
     pub interruptions: u32,
     /// The same, by class of the mix.
     pub interruptions_by_class: Vec<u32>,
+    /// Failing GPUs whose quarantine ended the job before they struck
+    /// (`--quarantine-ends-job`): unplanned stops, counted in
+    /// `interruptions` too, not among the failures averted.
+    pub quarantine_stops: u32,
     /// Planned restarts (drains).
     pub drains: u32,
-    /// Failures drained or excluded before they struck.
+    /// Failures drained, or left out of a restart, before they struck:
+    /// no stop of their own.
     pub failures_averted: u32,
     /// False alarms drained or excluded.
     pub false_alarms: u32,
@@ -548,14 +560,17 @@ impl<'a> Replay<'a> {
 
     /// A quarantine ends the job at `at` (the clock there), as a failure
     /// found at once would, its host out: a healthy GPU's is charged to
-    /// false alarms; a failing GPU's to its class, the failure it
-    /// forestalls averted (it costs the rework to `at` and the restart,
-    /// not the failure's own detection and rework).
+    /// false alarms; a failing GPU's to its class, an unplanned stop
+    /// counted as an interruption and a quarantine stop (it costs the
+    /// rework to `at` and the restart, not the failure's own detection
+    /// and rework, which is not played).
     fn quarantine_ends_job(&mut self, at: f64, e: usize) {
         let cause = match self.class_of.get(e) {
             Some(&c) => {
                 self.fate[e] = Fate::Averted;
-                self.out.failures_averted += 1;
+                self.out.interruptions += 1;
+                self.out.interruptions_by_class[c] += 1;
+                self.out.quarantine_stops += 1;
                 c
             }
             None => {

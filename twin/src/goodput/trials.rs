@@ -24,13 +24,17 @@ pub struct PolicySummary {
     pub ett_p05: f64,
     /// 95th percentile.
     pub ett_p95: f64,
-    /// Failures that stopped the job.
+    /// Unplanned stops for a failing GPU: failures that struck, and
+    /// quarantine stops ([`Outcome::interruptions`]).
     pub interruptions: f64,
     /// The same by class of the mix.
     pub interruptions_by_class: Vec<(String, f64)>,
+    /// Failing GPUs' quarantines that ended the job before they struck
+    /// (in `interruptions` too).
+    pub quarantine_stops: f64,
     /// Planned restarts.
     pub drains: f64,
-    /// Failures drained or excluded before they struck.
+    /// Failures drained, or left out of a restart, before they struck.
     pub failures_averted: f64,
     /// False alarms drained or left out of a restart.
     pub false_alarms: f64,
@@ -171,6 +175,7 @@ impl Acc {
         {
             *a += b;
         }
+        s.quarantine_stops += o.quarantine_stops;
         s.drains += o.drains;
         s.failures_averted += o.failures_averted;
         s.false_alarms += o.false_alarms;
@@ -197,6 +202,7 @@ impl Acc {
                 .cloned()
                 .zip(s.interruptions_by_class.iter().map(|&k| mean(k)))
                 .collect(),
+            quarantine_stops: mean(s.quarantine_stops),
             drains: mean(s.drains),
             failures_averted: mean(s.failures_averted),
             false_alarms: mean(s.false_alarms),
