@@ -79,20 +79,35 @@ fn degraded_failing(
 /// above the limit (8.5/min against 8) was counted between reads and
 /// could go undetected; read every sample it is detected at every phase
 /// of the schedule within 4 minutes (as `rate_latency` measures it: it
-/// counts 9 replays only in some minutes), and the limit itself never is.
+/// counts 9 replays only in some minutes), as soon as with the slow
+/// counters read every second, at every `slow_counters_s` tried (some
+/// dividing the minute, most not), and the limit itself never is.
 #[test]
-fn a_replay_rate_just_above_the_limit_is_detected_at_a_read_interval_not_dividing_the_minute() {
+fn a_replay_rate_just_above_the_limit_is_detected_at_every_slow_counters_setting() {
     let p = Policy::default();
     assert_eq!(
         p.pcie_replays_per_min, 8,
         "the limit these rates are set by"
     );
     let worst = 4 * MINUTE_MS;
-    for onset in (0..27_000).step_by(3_000) {
-        let at = degraded_after(quiet(), 27, 85, onset);
-        let at = at.unwrap_or_else(|| panic!("8.5/min from {onset} ms: never detected"));
-        assert!(at <= worst, "8.5/min from {onset} ms: after {at} ms");
-        assert_eq!(degraded_after(quiet(), 27, 80, onset), None, "8/min");
+    for slow_s in [1, 7, 11, 23, 27, 30, 45, 60] {
+        for onset in (0..u64::from(slow_s) * 1_000).step_by(3_000) {
+            let at = degraded_after(quiet(), slow_s, 85, onset);
+            let at = at.unwrap_or_else(|| {
+                panic!("8.5/min from {onset} ms, slow counters every {slow_s} s: never detected")
+            });
+            assert!(
+                at <= worst,
+                "8.5/min from {onset} ms, slow {slow_s} s: after {at} ms"
+            );
+            assert_eq!(
+                Some(at),
+                degraded_after(quiet(), 1, 85, onset),
+                "8.5/min from {onset} ms, slow {slow_s} s: later than read every second"
+            );
+            let limit = degraded_after(quiet(), slow_s, 80, onset);
+            assert_eq!(limit, None, "8/min from {onset} ms, slow {slow_s} s");
+        }
     }
 }
 
