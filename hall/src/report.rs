@@ -529,19 +529,37 @@ fn secs(v: f64) -> String {
 /// [`crate::compare::baselines_json`]).
 pub const BASELINES: &str = "baselines";
 
+/// A summary figure: `Some(Some(v))` a number, `Some(None)` a `null` (a
+/// ratio whose denominator is 0), `None` missing or not a number.
+fn figure(v: Option<&serde_json::Value>) -> Option<Option<f64>> {
+    match v? {
+        serde_json::Value::Null => Some(None),
+        x => Some(Some(x.as_f64()?)),
+    }
+}
+
+/// A figure's cell: three decimals, or what its `null` means.
+fn cell3(v: Option<f64>, null: &str) -> String {
+    v.map_or(null.to_string(), |x| format!("{x:.3}"))
+}
+
+/// One row of the result table: (name, PUE, energy per work, set point).
+type ResultRow<'a> = (&'a String, Option<f64>, Option<f64>, Option<f64>);
+
 /// The report's opening when the summary has the run's PUE and energy per
 /// work and the baselines' (`baselines`): a table of the three and a
-/// sentence with what the run saved against each.
+/// sentence with what the run saved against each. A `null` figure (no IT
+/// energy, no work done) is said as such, not left out.
 fn result(m: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
-    let pue = m.get("pue")?.as_f64()?;
-    let per_work = m.get("kwh_per_work_gpu_h")?.as_f64()?;
-    let bases: Vec<(&String, f64, f64, Option<f64>)> = m
+    let pue = figure(m.get("pue"))?;
+    let per_work = figure(m.get("kwh_per_work_gpu_h"))?;
+    let bases: Vec<ResultRow> = m
         .get(BASELINES)?
         .as_object()?
         .iter()
         .filter_map(|(name, b)| {
-            let pue = b.get("pue")?.as_f64()?;
-            let per_work = b.get("kwh_per_work_gpu_h")?.as_f64()?;
+            let pue = figure(b.get("pue"))?;
+            let per_work = figure(b.get("kwh_per_work_gpu_h"))?;
             Some((name, pue, per_work, b.get("setpoint_c")?.as_f64()))
         })
         .collect();
@@ -552,6 +570,7 @@ fn result(m: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
         .get("controller")
         .and_then(|c| c.as_str())
         .unwrap_or("ours");
+    let (no_it, no_work) = ("no IT energy", "no work done");
     let mut md = String::new();
     let _ = writeln!(md, "## Result\n");
     let _ = writeln!(
@@ -559,30 +578,54 @@ fn result(m: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
         "| run | PUE | facility energy per work (kWh per GPU-h) |"
     );
     let _ = writeln!(md, "|---|---:|---:|");
-    let _ = writeln!(md, "| this run: {} | {pue:.3} | {per_work:.3} |", cell(who));
+    let _ = writeln!(
+        md,
+        "| this run: {} | {} | {} |",
+        cell(who),
+        cell3(pue, no_it),
+        cell3(per_work, no_work)
+    );
     for (name, b_pue, b_work, sp) in &bases {
         let fixed = sp.map_or(String::new(), |c| format!(": supply fixed at {c:.0} °C"));
-        let _ = writeln!(md, "| {}{fixed} | {b_pue:.3} | {b_work:.3} |", cell(name));
+        let (p, w) = (cell3(*b_pue, no_it), cell3(*b_work, no_work));
+        let _ = writeln!(md, "| {}{fixed} | {p} | {w} |", cell(name));
     }
+    md.push_str(&saved(pue, per_work, &bases));
+    Some(md)
+}
+
+/// The sentence under the result table: what the run saved against each
+/// baseline that did work, or that this run did none.
+fn saved(pue: Option<f64>, per_work: Option<f64>, bases: &[ResultRow]) -> String {
+    let Some(per_work) = per_work else {
+        return "\nThis run did no GPU work: its facility energy bought none, so its energy \
+                per unit of work has no value (`null` in the summary) and is set against no \
+                baseline.\n\n"
+            .to_string();
+    };
+    let pue = cell3(pue, "none");
     let against: Vec<String> = bases
         .iter()
         .filter_map(|(name, b_pue, b_work, _)| {
-            let pct = crate::compare::saved_pct(per_work, *b_work)?;
+            let pct = crate::compare::saved_pct(per_work, (*b_work)?)?;
             let less = if pct >= 0.0 { "less" } else { "more" };
             Some(format!(
-                "{:.1} % {less} than {name} (PUE {pue:.3} against {b_pue:.3})",
-                pct.abs()
+                "{:.1} % {less} than {name} (PUE {pue} against {})",
+                pct.abs(),
+                cell3(*b_pue, "none")
             ))
         })
         .collect();
-    let _ = writeln!(
-        md,
-        "\nFacility energy per unit of GPU work: {}. The baselines played the \
-         same scenario in simulated time: supply fixed, pumps at full speed, \
-         no caps.\n",
+    let against = if against.is_empty() {
+        "set against no baseline: none did work".to_string()
+    } else {
         against.join(" and ")
-    );
-    Some(md)
+    };
+    format!(
+        "\nFacility energy per unit of GPU work: {against}. The baselines played the \
+         same scenario in simulated time: supply fixed, pumps at full speed, \
+         no caps.\n\n"
+    )
 }
 
 pub(crate) fn markdown(
@@ -683,7 +726,37 @@ pub(crate) fn markdown(
 
 #[cfg(test)]
 mod tests {
-    use super::secs;
+    use super::{result, secs};
+
+    #[test]
+    fn a_run_that_did_no_work_keeps_its_result_and_says_so() {
+        let v = serde_json::json!({
+            "controller": "ours",
+            "pue": 1.25,
+            "kwh_per_work_gpu_h": null,
+            "baselines": {
+                "baseline-18": {"pue": 1.4, "kwh_per_work_gpu_h": 0.9, "setpoint_c": 18.0},
+                "baseline-32": {"pue": null, "kwh_per_work_gpu_h": null, "setpoint_c": 32.0}
+            }
+        });
+        let md = result(v.as_object().unwrap()).expect("the result section");
+        assert!(
+            md.contains("| this run: ours | 1.250 | no work done |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| baseline-18: supply fixed at 18 °C | 1.400 | 0.900 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| baseline-32: supply fixed at 32 °C | no IT energy | no work done |"),
+            "{md}"
+        );
+        assert!(md.contains("This run did no GPU work"), "{md}");
+        // A summary without the figures at all has no result section.
+        let bare = serde_json::json!({"controller": "ours"});
+        assert_eq!(result(bare.as_object().unwrap()), None);
+    }
 
     #[test]
     fn seconds_read_as_people_write_them() {

@@ -94,7 +94,13 @@ fn the_summary_tables_of_twin_md_give_the_goldens_figures() {
                 .iter()
                 .find(|(c, _, _)| c == col)
                 .unwrap_or_else(|| panic!("{at}: unknown column {col:?}"));
-            let want = rounded(g[field].as_f64().expect(field), *decimals);
+            let got = g[field].as_f64().unwrap_or_else(|| {
+                panic!(
+                    "{at}: {scenario} {} {col}: the golden's {field} is {}, not a number",
+                    row[1], g[field]
+                )
+            });
+            let want = rounded(got, *decimals);
             if number(cell, &at) != want {
                 wrong.push(format!(
                     "{at}: {scenario} {} {col} reads {cell}, its golden {want}",
