@@ -168,6 +168,13 @@ pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
             cfg.ambient_c
         )));
     }
+    if let Some(at) = cfg.shortfall_at_s.filter(|&at| at >= cfg.duration_s) {
+        return Err(FleetError::Refused(format!(
+            "--shortfall-at {at}: the pump trip would come at or after the run's end \
+             (--duration {}); give a time before it",
+            cfg.duration_s
+        )));
+    }
     let plan = cfg.fault_plan(&layouts);
     // Per agent: its two bus sockets, the main one and the presence one
     // (and the broker's ends when embedded), its flash file and its
@@ -779,4 +786,26 @@ fn ctrl_bus(c: &CapFigures) -> MetricsSnapshot {
         .and_then(|s| s.status.as_ref())
         .map(|s| s.bus)
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shortfall_at_or_past_the_end_of_the_run_is_refused_by_its_flag() {
+        for at in [60, 900] {
+            let cfg = FleetConfig {
+                shortfall_at_s: Some(at),
+                ..FleetConfig::new(4, 1, 60)
+            };
+            match run(&cfg) {
+                Err(FleetError::Refused(e)) => {
+                    assert!(e.contains(&format!("--shortfall-at {at}")), "{e}");
+                    assert!(e.contains("--duration 60"), "{e}");
+                }
+                other => panic!("--shortfall-at {at}: {other:?}"),
+            }
+        }
+    }
 }
