@@ -183,12 +183,20 @@ impl Window {
     }
 }
 
+/// The longest time between reads a streak counts across as it would
+/// across reads made that far apart: the slow counters' longest
+/// interval (`slow_counters_s` at most 60), so a counter whose reads
+/// fail but for one every so often is judged as one read that often.
+pub(super) const STREAK_GRACE_MS: u64 = 60_000;
+
 /// A condition that must hold for a while.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Streak {
     since: Option<u64>,
     /// When it was last updated or paused.
     last: Option<u64>,
+    /// When it was last updated (known).
+    known: Option<u64>,
 }
 
 impl Streak {
@@ -196,6 +204,7 @@ impl Streak {
     /// Returns how long it has held.
     pub(super) fn update(&mut self, t: u64, on: bool, off: bool) -> Option<u64> {
         self.last = Some(t);
+        self.known = Some(t);
         if on {
             // A clock that stepped back restarts the streak.
             let since = self.since.filter(|&s| s <= t).unwrap_or(t);
@@ -209,12 +218,17 @@ impl Streak {
         }
     }
 
-    /// Not known now: the streak is paused, its start moved forward by
-    /// the time since its last update, so it neither starts, ends nor
-    /// grows over time it was not judged on.
+    /// Not known now: the streak neither starts nor ends; past
+    /// [`STREAK_GRACE_MS`] since its last known update it is paused, its
+    /// start moved forward by the time not known beyond that, so a long
+    /// gap never lengthens it (judged again at the next read) while
+    /// reads that fail but for one every so often count as reads made
+    /// that far apart.
     pub(super) fn pause(&mut self, t: u64) {
-        if let (Some(since), Some(last)) = (self.since, self.last) {
-            self.since = Some(since.saturating_add(t.saturating_sub(last)).min(t));
+        let graced = self.known.map_or(t, |k| k.saturating_add(STREAK_GRACE_MS));
+        let from = self.last.map_or(graced, |l| l.max(graced));
+        if let Some(since) = self.since {
+            self.since = Some(since.saturating_add(t.saturating_sub(from)).min(t));
         }
         self.last = Some(t);
     }
