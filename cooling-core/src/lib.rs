@@ -190,8 +190,9 @@ pub struct Taken {
     /// The pumps to run and the lead pump went in (or were not written):
     /// a lead the CDU was never told of is not judged tripped.
     pub pumps: bool,
-    /// The heartbeat was held back (not written): the CDU echoed a safety
-    /// setting it does not hold, so it runs on its own control.
+    /// The heartbeat was held back (not written) this step, or is from
+    /// the next step on: the CDU echoed a safety setting it does not
+    /// hold, so it runs on its own control.
     pub heartbeat_held: bool,
 }
 

@@ -372,7 +372,8 @@ pub fn write_step<P: HoldingPort>(
     held: &mut SafetyHeld,
     console: &mut impl fmt::Write,
 ) -> (Outcome, Option<Change>) {
-    let mut outcome = writes::execute(port, plan, held.withholds());
+    let withheld = held.withholds();
+    let mut outcome = writes::execute(port, plan, withheld);
     let written = went_in(plan, &outcome);
     let mut read: heapless::Vec<Setting, SAFETY> = heapless::Vec::new();
     let mut found: heapless::Vec<NotHeld, SAFETY> = heapless::Vec::new();
@@ -435,9 +436,10 @@ pub fn write_step<P: HoldingPort>(
         not_taken: not_taken as u8,
     });
     let change = held.judge(&read, &found);
-    // The heartbeat is withheld from the next step on: the mode's change
-    // names it (`heartbeat-held`) from this step, not the refused writes.
-    outcome.heartbeat_held = held.withholds();
+    // The heartbeat withheld this step or from the next step on: the
+    // mode's change names it (`heartbeat-held`) from the step that found
+    // it to the step that read it held again, never the refused writes.
+    outcome.heartbeat_held = withheld || held.withholds();
     let news = held.news(failed, !read.is_empty(), change.is_some());
     (outcome, change.or(news))
 }

@@ -246,10 +246,11 @@ impl<P: CduPort> Devices<P> {
         self.judge_taken(&outcome);
         self.judge_writes(first, stats);
         stats.heartbeat_held = beat_held;
-        // What the mode's next reason reads: the heartbeat held back from
-        // the next step on, known now (its first step's change of mode
-        // names it, not the refused writes).
-        outcome.heartbeat_held = self.unheld_safety().next().is_some();
+        // What the mode's next reason reads: the heartbeat held back this
+        // step (its write failed) or from the next step on, known now, so
+        // the mode names it from the step that found it to the step that
+        // read it held again, never the refused writes.
+        outcome.heartbeat_held |= self.unheld_safety().next().is_some();
         outcome
     }
 

@@ -115,7 +115,9 @@ fn a_heartbeat_held_back_has_a_reason_of_its_own_under_no_leak() {
 /// The mode's change when a read-back first finds the valve word not
 /// held, after the CDU ran normally, names the held heartbeat, never the
 /// refused writes: the step that found it says the heartbeat is held
-/// from the next one on.
+/// from the next one on; and once read back held, the mode goes back to
+/// normal without the refused writes said on the way (the step that read
+/// it held still held the heartbeat back).
 #[test]
 fn the_mode_change_of_a_heartbeat_held_back_names_it_from_its_first_step() {
     let cdu = Cdu {
@@ -124,17 +126,25 @@ fn the_mode_change_of_a_heartbeat_held_back_names_it_from_its_first_step() {
     };
     let (mut decider, mut d) = started(cdu);
     let mut changes = Vec::new();
-    for s in 0..40 {
-        d.cdu.drops_valves = s >= 20;
+    let mut reasons = Vec::new();
+    for s in 0..60 {
+        d.cdu.drops_valves = (20..40).contains(&s);
         let (c, _) = step(&mut decider, &mut d, s, &measured(true, 0));
         let changed = |e: &&Event| matches!(e, Event::CduModeChanged { .. });
         changes.extend(c.events.iter().filter(changed).cloned());
+        reasons.push(c.reason);
     }
     let held = Event::CduModeChanged {
         from: CduMode::Normal,
         to: CduMode::Degraded,
         reason: ReasonCode::HEARTBEAT_HELD,
     };
-    let last = changes.last().expect("the mode changed");
-    assert_eq!(last, &held, "{changes:?}");
+    assert_eq!(changes.get(1), Some(&held), "{changes:?}");
+    // Held again once read back held: back to normal, never said as the
+    // refused writes on the way.
+    assert!(
+        !reasons.contains(&ReasonCode::CDU_WRITES_REFUSED),
+        "{reasons:?}"
+    );
+    assert_eq!(changes.last().map(|_| reasons[59]), Some(ReasonCode::OK));
 }

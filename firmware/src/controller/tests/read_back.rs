@@ -125,7 +125,12 @@ fn a_safety_setting_the_cdu_does_not_hold_degrades_the_mode_as_heartbeat_held_fr
     let (mut board, mut held) = (Echoes::default(), SafetyHeld::default());
     let mut console = String::new();
     let mut found = None;
-    for s in 0..45u64 {
+    let mut last = ReasonCode::OK;
+    for s in 0..60u64 {
+        if s == 45 {
+            // It holds what it is told again.
+            board.ignored = std::vec![];
+        }
         if s == 30 {
             // It stops pump A on its own, and takes no run flag since.
             let at = crate::cdu::holding("pumps_run").map(|r| r.address);
@@ -137,9 +142,15 @@ fn a_safety_setting_the_cdu_does_not_hold_degrades_the_mode_as_heartbeat_held_fr
         if s == 30 {
             assert_eq!(reason, ReasonCode::OK, "settled before");
         }
-        if found.is_some() {
+        if found.is_some() && s <= 45 {
             assert_eq!(reason, ReasonCode::HEARTBEAT_HELD, "step {s}: {console}");
         }
+        assert_ne!(
+            reason,
+            ReasonCode::CDU_WRITES_REFUSED,
+            "step {s}: {console}"
+        );
+        last = reason;
         if c.to_keep(p).is_some() {
             c.kept(p, true);
         }
@@ -155,6 +166,12 @@ fn a_safety_setting_the_cdu_does_not_hold_degrades_the_mode_as_heartbeat_held_fr
         c.report(p, s * 1000, true);
     }
     assert_eq!(found, Some(30), "not held found");
+    assert!(!held.withholds(), "held again: {console}");
+    assert_eq!(
+        last,
+        ReasonCode::OK,
+        "back to normal, never the refused writes"
+    );
 }
 
 /// The read-back fails from the start and is said to the gateway once;
