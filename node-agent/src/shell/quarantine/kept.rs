@@ -137,7 +137,7 @@ impl Agent {
                     run.kept_done = true;
                 }
             } else {
-                tracing::info!("GPU {gpu}: quarantined still at this start, its actions known done: not run again ([quarantine] again_at_start is off; a node the scheduler put back in service since, by a reboot or a resume, stays so until drained by hand or the GPU is released)");
+                tracing::warn!("GPU {gpu}: quarantined still at this start, its actions known done: not run again ([quarantine] again_at_start is off; a node the scheduler put back in service since, by a reboot or a resume, stays so until drained by hand or the GPU is released)");
             }
         }
     }
