@@ -33,7 +33,7 @@
 //!   them (a Modbus outage freezes them, a stuck position input lies).
 
 use crate::hosts::HostFollow;
-use loopwarden_boards::modbus_map::{Type, ValueError};
+use loopwarden_boards::modbus_map::ValueError;
 use loopwarden_boards::pins::PinMap;
 
 use crate::pins::SimLines;
@@ -502,34 +502,21 @@ impl Hall {
     /// The dry cooler's outdoor sensor in the CDU's `outdoor_temp`, where
     /// its map has one, with the scenario's sensor faults. Outdoor air
     /// may be below 0 °C, so a lost sensor cannot read 0 as the loop's
-    /// do: it reads the register type's floor (for an i16, 0x8000:
-    /// -327.68 °C at 0.01), the type's "no value" sentinel, which the
-    /// controller reads as no reading. A drift is held within the
-    /// register's other values. `reading`: what the sensor reads (`None`:
-    /// lost).
+    /// do: it reads the register type's "no value" sentinel (0x8000 in an
+    /// i16: -327.68 °C at 0.01; 0xFFFF in a u16, 0xFFFFFFFF in a u32),
+    /// which the controller's map reads as no reading
+    /// ([`RegisterMap::reading`](loopwarden_boards::modbus_map::RegisterMap::reading)).
+    /// A reading, a drift included, is held within the register's other
+    /// values ([`Hall::saturated`]): below 0 °C an unsigned register
+    /// shows 0. `reading`: what the sensor reads (`None`: lost).
     fn show_outdoor(&self, reading: Option<f64>) -> Result<(), ValueError> {
         const REGISTER: &str = "outdoor_temp";
         let Some(r) = self.cdu.map().get(REGISTER) else {
             return Ok(());
         };
-        let (floor, lo, hi) = match r.ty {
-            Type::I16 => (
-                f64::from(i16::MIN),
-                f64::from(i16::MIN + 1),
-                f64::from(i16::MAX),
-            ),
-            Type::I32 => (
-                f64::from(i32::MIN),
-                f64::from(i32::MIN + 1),
-                f64::from(i32::MAX),
-            ),
-            Type::U16 => (0.0, 1.0, f64::from(u16::MAX)),
-            Type::U32 => (0.0, 1.0, f64::from(u32::MAX)),
-        };
-        let scale = r.scale;
         let v = match reading {
-            Some(v) => v.clamp(lo * scale, hi * scale),
-            None => floor * scale,
+            Some(v) => self.saturated(REGISTER, v),
+            None => r.ty.raw_of(r.ty.sentinel()) * r.scale,
         };
         self.cdu.set_measurement(REGISTER, v)
     }
@@ -782,6 +769,44 @@ mod tests {
         assert_eq!(seen[650], seen[600]);
         assert_eq!(seen[700], seen[600]);
         assert!((seen[750] - truth(750.0)).abs() < 0.006);
+    }
+
+    /// The shipped map with `outdoor_temp` as an unsigned register of
+    /// `ty` ("u16" or "u32") at 0.1 °C.
+    fn map_with_unsigned_outdoor(ty: &str) -> RegisterMap {
+        let text = include_str!("../../boards/cdus/sim-cdu.toml");
+        let at = text.find("name = \"outdoor_temp\"").unwrap();
+        let (head, tail) = text.split_at(at);
+        let tail = tail
+            .replacen("type = \"i16\"", &format!("type = \"{ty}\""), 1)
+            .replacen("scale = 0.01", "scale = 0.1", 1);
+        RegisterMap::from_toml(&format!("{head}{tail}"), "unsigned outdoor_temp").unwrap()
+    }
+
+    #[test]
+    fn a_lost_outdoor_sensor_in_an_unsigned_register_reads_as_lost_not_as_0() {
+        for ty in ["u16", "u32"] {
+            let map = map_with_unsigned_outdoor(ty);
+            let (mut h, cdu, _) = hall_on(
+                map.clone(),
+                "[[fault]]\nat_s = 100\nuntil_s = 200\nkind = \"sensor_lost\"\ntarget = \"outdoor_temp\"\n",
+            );
+            // What the controller reads from the register's words.
+            let read = |cdu: &SimCdu| {
+                let words = map
+                    .encode("outdoor_temp", input(cdu, "outdoor_temp"))
+                    .unwrap();
+                map.reading("outdoor_temp", &words).unwrap()
+            };
+            let mut seen = vec![None];
+            for _ in 0..300 {
+                h.step(1.0).unwrap();
+                seen.push(read(&cdu));
+            }
+            assert_eq!(seen[50], Some(20.0), "{ty}: a reading before");
+            assert_eq!(seen[150], None, "{ty}: lost, not a plausible 0 °C");
+            assert_eq!(seen[250], Some(20.0), "{ty}: back");
+        }
     }
 
     #[test]
