@@ -72,9 +72,10 @@ pub struct SiteActions {
     pub cooling_failed: u64,
     /// The newest failure of either kind still outstanding: a failure
     /// is outstanding until a later run of the same (its retry: the same
-    /// GPU's quarantine, the same cooling-loss step) ended well
-    /// ([`SiteActions::ended_well`]) or will not run again
-    /// ([`SiteActions::forget`]).
+    /// GPU's quarantine, the same cooling-loss step), or of the
+    /// cooling-loss step that undoes it (the resume a drain, the power-up
+    /// a power-down), ended well ([`SiteActions::ended_well`]) or will
+    /// not run again ([`SiteActions::forget`]).
     pub last_failure: Option<ActionFailure>,
     /// The failures outstanding, one per `what` (its newest), oldest
     /// first.
@@ -92,6 +93,19 @@ pub struct ActionFailure {
     pub program: String,
     /// How it failed (exit status and its output's tail, timeout, cannot start).
     pub detail: String,
+}
+
+/// The cooling-loss step whose failure a run for `what` ending well
+/// undoes, as [`ActionFailure::what`] names it: the resume undoes the
+/// drain (the host takes work again), the power-up the power-down (the
+/// GPUs powered again); `None` for anything else. A run of the undoing
+/// step that failed undoes nothing: both failures stay outstanding.
+fn undone_by(what: &str) -> Option<String> {
+    use loopwarden_protocol::CoolingStep::{Drain, PowerDown, PowerUp, Resume};
+    [(Resume, Drain), (PowerUp, PowerDown)]
+        .into_iter()
+        .find(|(undoing, _)| what == format!("cooling-loss {undoing}"))
+        .map(|(_, undone)| format!("cooling-loss {undone}"))
 }
 
 /// Which of the site's commands.
@@ -124,10 +138,14 @@ impl SiteActions {
 
     /// A run for `what` (`quarantine of GPU 3`, `cooling-loss drain`)
     /// ended well, every command of it: `what`'s failure is outstanding no
-    /// more, and the newest other one still outstanding is shown (the
-    /// counts stay).
+    /// more, nor that of the cooling-loss step it undoes, if it is one
+    /// ([`undone_by`]: a drain that failed is not run again once the
+    /// resume has ended well); the newest other one still outstanding is
+    /// shown (the counts stay).
     pub fn ended_well(&mut self, what: &str) {
-        self.outstanding.retain(|o| o.what != what);
+        let undone = undone_by(what);
+        self.outstanding
+            .retain(|o| o.what != what && undone.as_deref() != Some(o.what.as_str()));
         self.last_failure = self.outstanding.last().cloned();
     }
 
@@ -424,5 +442,38 @@ mod tests {
         a.forget("quarantine of GPU 4");
         assert_eq!(a.last_failure, None);
         assert_eq!(a.quarantine_failed, 4);
+    }
+
+    /// A cooling-loss drain that failed is undone by the resume that ends
+    /// well once cooling is back: its row goes with it (it will not run
+    /// again). A resume that fails leaves it, the resume's failure shown
+    /// first; a power-down that failed goes once the power-up ends well,
+    /// not by a resume alone, nor does another kind's failure go.
+    #[test]
+    fn a_failed_cooling_step_goes_once_the_step_that_undoes_it_ends_well() {
+        let mut a = SiteActions::default();
+        let drain = || failure("cooling-loss drain");
+        a.count(ActionKind::Quarantine, false, || {
+            failure("quarantine of GPU 3")
+        });
+        a.count(ActionKind::CoolingLoss, false, drain);
+        a.count(ActionKind::CoolingLoss, false, || {
+            failure("cooling-loss resume")
+        });
+        assert_eq!(a.last_failure, Some(failure("cooling-loss resume")));
+        a.ended_well("cooling-loss power-up");
+        assert_eq!(a.last_failure, Some(failure("cooling-loss resume")));
+        a.ended_well("cooling-loss resume");
+        assert_eq!(a.last_failure, Some(failure("quarantine of GPU 3")));
+        a.forget("quarantine of GPU 3");
+        a.count(ActionKind::CoolingLoss, false, || {
+            failure("cooling-loss power-down")
+        });
+        a.count(ActionKind::CoolingLoss, false, drain);
+        a.ended_well("cooling-loss resume");
+        assert_eq!(a.last_failure, Some(failure("cooling-loss power-down")));
+        a.ended_well("cooling-loss power-up");
+        assert_eq!(a.last_failure, None);
+        assert_eq!(a.cooling_failed, 4);
     }
 }
