@@ -608,6 +608,8 @@ impl<P> Devices<P> {
 }
 
 #[cfg(test)]
+mod fallback;
+#[cfg(test)]
 mod held_reason;
 #[cfg(test)]
 mod never_read_back;

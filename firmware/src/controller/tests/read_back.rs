@@ -12,17 +12,41 @@ use crate::rtu::{Op, OpKind, RtuError};
 use crate::writes::SettingPort;
 
 /// A CDU that echoes every write, holds those not `ignored`, and answers
-/// the read-back unless `silent`.
+/// the read-back unless `silent`. With a `watchdog` (its cycles), its
+/// fallback runs from the watchdog's end to the next heartbeat written,
+/// writing both pumps into the pumps to run at each of its cycles
+/// ([`Echoes::cycle`]).
 #[derive(Default)]
 struct Echoes {
     holding: BTreeMap<u16, u16>,
     ignored: Vec<&'static str>,
     silent: bool,
+    watchdog: Option<u32>,
+    since_beat: u32,
+    fallback: bool,
+}
+
+impl Echoes {
+    /// One of the CDU's own cycles, between the controller's steps.
+    fn cycle(&mut self) {
+        let Some(watchdog) = self.watchdog else {
+            return;
+        };
+        self.since_beat += 1;
+        self.fallback |= self.since_beat > watchdog;
+        if self.fallback {
+            let at = crate::cdu::holding("pumps_run").map(|r| r.address);
+            self.holding.insert(at.unwrap(), 0b11);
+        }
+    }
 }
 
 impl SettingPort for Echoes {
     type Error = String;
     fn write(&mut self, r: &Register, words: &[u16]) -> Result<(), String> {
+        if r.name == "heartbeat" {
+            (self.since_beat, self.fallback) = (0, false);
+        }
         if !self.ignored.contains(&r.name) {
             for (i, w) in words.iter().enumerate() {
                 self.holding.insert(r.address + i as u16, *w);
@@ -239,4 +263,56 @@ fn a_failing_read_back_and_a_setting_not_held_are_said_again_to_a_restarted_gate
     }
     assert_eq!(c.link.restarts, 2);
     assert_eq!(said(p, before, "heartbeat withheld"), 1, "said again once");
+}
+
+/// The CDU holds no pumps to run for 6 steps: the heartbeat is withheld,
+/// the CDU's watchdog runs out and its fallback writes both pumps into
+/// the register at each of its cycles. Once it takes writes again, the
+/// controller's pumps to run, written again each step, read back held:
+/// the heartbeat goes out, the CDU leaves its fallback, and the mode
+/// reads normal (as the Linux controller's
+/// `shell::devices::fallback::a_cdu_whose_fallback_overwrites_the_pumps_gets_its_heartbeat_back`).
+#[test]
+fn a_cdu_whose_fallback_overwrites_the_pumps_gets_its_heartbeat_back() {
+    use loopwarden_protocol::ReasonCode;
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    let mut board = Echoes {
+        watchdog: Some(3),
+        ..Echoes::default()
+    };
+    let mut held = SafetyHeld::default();
+    let mut console = String::new();
+    let (mut fell_back, mut beat) = (false, false);
+    for s in 0..40u64 {
+        let pumps = crate::cdu::holding("pumps_run").map(|r| r.address);
+        if s == 20 {
+            board.holding.insert(pumps.unwrap(), 0);
+            board.ignored = std::vec!["pumps_run"];
+        }
+        if s == 26 {
+            board.ignored = std::vec![];
+        }
+        board.cycle();
+        fell_back |= board.fallback;
+        c.step(p, Some(cdu(0b1111, 0)), s * 1000);
+        if c.to_keep(p).is_some() {
+            c.kept(p, true);
+        }
+        let plan = c.plan(p);
+        let (o, change) = write_step(&mut board, &plan, &mut held, &mut console);
+        if let Some(change) = change {
+            c.read_back_changed(p, &change);
+        }
+        beat = (o.tried.iter()).any(|(s, r)| *s == Setting::Heartbeat && r.is_ok());
+        c.written(p, o);
+        c.report(p, s * 1000, true);
+    }
+    assert!(fell_back, "the CDU's watchdog ran out: {console}");
+    assert!(beat && !board.fallback && !held.withholds(), "{console}");
+    let (_, reason, _) = c.decider().core().mode();
+    assert_eq!(reason, ReasonCode::OK, "{console}");
 }
