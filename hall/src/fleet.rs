@@ -193,6 +193,9 @@ pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
             true,
         ),
     };
+    if !temporary && !cfg.flash_in_memory {
+        refuse_used_out(&out, &layouts)?;
+    }
     let broker = Brokers::start(cfg)?;
     let observer =
         observer::Observer::start(&broker.observer, &broker.site).map_err(FleetError::Start)?;
@@ -245,6 +248,27 @@ pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
     agents_rt.shutdown_timeout(Duration::from_secs(5));
     main_rt.shutdown_timeout(Duration::from_secs(5));
     Ok(ran.report(cfg, &layouts, &plan, &broker, &heard))
+}
+
+/// Refuses an `--out` that holds a host's flash file from an earlier run:
+/// its agent would restore that run's quarantines (the GPUs are named the
+/// same in every run) and publish them before the hall fails anything.
+/// Nothing of the user's is deleted: an empty folder is asked for.
+fn refuse_used_out(out: &std::path::Path, layouts: &[CduLayout]) -> Result<(), FleetError> {
+    let used = layouts
+        .iter()
+        .flat_map(|l| &l.host_ids)
+        .map(|id| out.join(id).join("flash.bin"))
+        .find(|f| f.exists());
+    match used {
+        Some(f) => Err(FleetError::Refused(format!(
+            "--out {}: it holds an earlier run's flash ({}), whose quarantines the \
+             agents would restore; give an empty or new folder",
+            out.display(),
+            f.display()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// The brokers of the run.

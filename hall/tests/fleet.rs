@@ -118,3 +118,39 @@ fn a_fleet_the_controllers_cannot_hold_is_refused() {
         "{err}"
     );
 }
+
+/// A fresh folder for `--out`, named after `test`, removed first.
+fn out_dir(test: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("fleet-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn small_fleet(out: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_loopwarden-hall"))
+        .args(["fleet", "--hosts", "2", "--cdus", "1", "--duration", "3"])
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("loopwarden-hall runs")
+}
+
+#[test]
+fn a_second_run_into_the_same_out_folder_is_refused_naming_it() {
+    let out = out_dir("again");
+    let first = small_fleet(&out);
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{stderr}");
+    assert!(
+        out.join("c1r0h0/flash.bin").exists(),
+        "the first run's flash"
+    );
+    let second = small_fleet(&out);
+    let err = String::from_utf8_lossy(&second.stderr);
+    let _ = std::fs::remove_dir_all(&out);
+    assert!(!second.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("--out {}", out.display())) && err.contains("flash"),
+        "{err}"
+    );
+}

@@ -3,6 +3,7 @@
 //! controllers' cap episodes.
 
 use std::collections::{BTreeSet, HashMap};
+use std::time::Instant;
 
 use super::observer::Heard;
 use super::report::{percentile_ms, FleetReport};
@@ -156,28 +157,42 @@ impl Ran {
 
     /// XID → quarantined health at the observer.
     fn quarantines(&self, r: &mut FleetReport, heard: &Heard) {
-        r.xids_injected = self.injected.len();
-        let mut lat = Vec::new();
-        for (key, at) in &self.injected {
-            if let Some(q) = heard.quarantined.get(key) {
-                lat.push(q.saturating_duration_since(*at).as_secs_f64());
-            }
-        }
-        r.quarantines = lat.len();
-        r.other_quarantines = heard
-            .quarantined
-            .keys()
-            .filter(|k| !self.injected.contains_key(*k))
-            .count();
-        r.quarantine_p50_ms = percentile_ms(&lat, 50.0);
-        r.quarantine_p99_ms = percentile_ms(&lat, 99.0);
-        r.quarantine_max_ms = percentile_ms(&lat, 100.0);
+        quarantine_figures(&self.injected, &heard.quarantined, r);
     }
 
     /// Cap step → each host's ack of the cap in force.
     fn caps(&self, r: &mut FleetReport) {
         cap_figures(&self.controllers, &self.caps_lost, r);
     }
+}
+
+/// XID → quarantined health: per GPU failed (`injected`, when), the
+/// first health that showed it quarantined (`quarantined`, when). A GPU
+/// heard quarantined before its failure (a quarantine restored from an
+/// earlier run's flash) is no measure of this run: it is counted apart,
+/// not as quarantined in 0 ms.
+fn quarantine_figures(
+    injected: &HashMap<(String, u8), Instant>,
+    quarantined: &HashMap<(String, u8), Instant>,
+    r: &mut FleetReport,
+) {
+    r.xids_injected = injected.len();
+    let mut lat = Vec::new();
+    for (key, at) in injected {
+        match quarantined.get(key) {
+            Some(q) if q < at => r.quarantined_before_injection += 1,
+            Some(q) => lat.push(q.duration_since(*at).as_secs_f64()),
+            None => {}
+        }
+    }
+    r.quarantines = lat.len();
+    r.other_quarantines = quarantined
+        .keys()
+        .filter(|k| !injected.contains_key(*k))
+        .count();
+    r.quarantine_p50_ms = percentile_ms(&lat, 50.0);
+    r.quarantine_p99_ms = percentile_ms(&lat, 99.0);
+    r.quarantine_max_ms = percentile_ms(&lat, 100.0);
 }
 
 /// The caps figures of the controllers' cap watchers, by CDU: the hosts
@@ -327,6 +342,35 @@ mod tests {
         assert_eq!(r.cap_watchers_lost, vec!["cdu1".to_string()]);
         assert!(
             r.summary().contains("cap watchers lost: cdu1"),
+            "{}",
+            r.summary()
+        );
+    }
+
+    #[test]
+    fn a_quarantine_heard_before_its_injection_is_no_0_ms_quarantine() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + std::time::Duration::from_millis(ms);
+        let key = |h: &str| (h.to_string(), 3u8);
+        // a failed at 1 s, heard at 1.05 s; b failed at 2 s but heard
+        // quarantined at 0.5 s (restored from an earlier run's flash).
+        let injected = HashMap::from([(key("a"), at(1000)), (key("b"), at(2000))]);
+        let quarantined = HashMap::from([(key("a"), at(1050)), (key("b"), at(500))]);
+        let mut r = FleetReport::default();
+        quarantine_figures(&injected, &quarantined, &mut r);
+        assert_eq!(
+            (
+                r.xids_injected,
+                r.quarantines,
+                r.quarantined_before_injection
+            ),
+            (2, 1, 1)
+        );
+        assert_eq!(r.quarantine_p50_ms, Some(50.0));
+        assert_eq!(r.quarantine_max_ms, Some(50.0), "never 0 ms");
+        assert!(
+            r.summary()
+                .contains("1 heard quarantined before their failure"),
             "{}",
             r.summary()
         );

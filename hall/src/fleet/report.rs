@@ -110,6 +110,9 @@ pub struct FleetReport {
     pub quarantine_p99_ms: Option<f64>,
     /// The same, the slowest, ms.
     pub quarantine_max_ms: Option<f64>,
+    /// Injected GPUs heard quarantined before their failure (a quarantine
+    /// an agent restored from an earlier run's flash): in no latency.
+    pub quarantined_before_injection: usize,
     /// Other GPUs heard quarantined (not injected).
     pub other_quarantines: usize,
     /// CDUs whose pumps failed.
@@ -179,6 +182,14 @@ impl FleetReport {
         s
     }
 
+    /// What the quarantine figures leave out, for the summary.
+    fn quarantines_unaccounted(&self) -> String {
+        match self.quarantined_before_injection {
+            0 => String::new(),
+            n => format!(", {n} heard quarantined before their failure (not counted)"),
+        }
+    }
+
     /// The short summary.
     pub fn summary(&self) -> String {
         let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} ms"));
@@ -188,7 +199,7 @@ impl FleetReport {
              events acked by the broker {}, of them lost {}, repaired {}, lost after repair {}, \
              sequence gaps {}; \
              connections lost (agents, controllers, observer) {:?}\n\
-             XID -> quarantine: {}/{} quarantined, p50 {}, p99 {}, max {}\n\
+             XID -> quarantine: {}/{} quarantined{}, p50 {}, p99 {}, max {}\n\
              shortfall -> caps acked: {} CDUs, {}/{} hosts acked{}, p50 {}, p99 {}, max {}\n\
              agents: {:.2} cores, {} threads, {:.2} MiB RSS per host, flash in {}; started in {:.1} s\n\
              load average {:.2} at the start, {:.2} at the end",
@@ -209,6 +220,7 @@ impl FleetReport {
             self.connection_errors,
             self.quarantines,
             self.xids_injected,
+            self.quarantines_unaccounted(),
             ms(self.quarantine_p50_ms),
             ms(self.quarantine_p99_ms),
             ms(self.quarantine_max_ms),
