@@ -251,7 +251,7 @@ fn config_lost_line(c: &Value) -> String {
     }
     if !not_kept.is_empty() {
         return format!(
-            "its lost mark stays for this run: the records of {} not kept when it said its UUID: {restart}; see the log",
+            "its lost mark stays for this run: the records of {} not kept (handed to the flash when it said its UUID, or its health state taken back): {restart}; see the log",
             gpus(&not_kept)
         );
     }
@@ -365,7 +365,7 @@ fn caps(v: &Value) -> String {
             set_by(&g["limit"], &g["source"]),
             format!("{}-{} W", s(&g["min"]), s(&g["max"])),
             unit(&g["ceiling"], " W"),
-            format!("{} W", s(&g["default"])),
+            unit(&g["default"], " W"),
             s(&g["guard"]),
         ]
     });

@@ -244,8 +244,9 @@ pub struct ConfigLost {
     pub waiting_for: Vec<u8>,
     /// The cooling-loss phase not known yet: the CDU's word decides it.
     pub phase_unknown: bool,
-    /// The GPUs identified since whose records were not kept: the mark
-    /// stays for this run.
+    /// The GPUs whose records were not kept (their limits when they
+    /// said their UUIDs, their health states): the mark stays for this
+    /// run.
     pub not_kept: Vec<u8>,
     /// Why the mark stays for this run whatever comes (what the start
     /// took back not kept), if it does.

@@ -268,9 +268,10 @@ pub(crate) struct PendingClear {
     /// The GPUs whose UUIDs were unknown at the start, their states
     /// taken back not kept yet.
     unkept: Vec<u8>,
-    /// The GPUs identified since whose records could not be handed to
-    /// the flash (a queue full, the flash thread gone: not counted as
-    /// refused): the mark stays for this run.
+    /// The GPUs whose records could not be handed to the flash (a queue
+    /// full, the flash thread gone: not counted as refused): their limits
+    /// when identified since ([`Self::identified`]), or their health
+    /// states ([`Self::health_not_kept`]): the mark stays for this run.
     not_kept: Vec<u8>,
     /// Why the mark stays for this run whatever comes (what the start
     /// took back not kept: [`keep_after_loss`] failed), if it does.
@@ -315,6 +316,19 @@ impl PendingClear {
     /// the mark stays for this run.
     pub(super) fn not_kept(&self) -> &[u8] {
         &self.not_kept
+    }
+
+    /// GPU `gpu`'s health record could not be handed to the flash (a
+    /// queue full, the flash thread gone: `super::quarantine::hand_health`)
+    /// while the mark waits: it stays for this run, as for a GPU whose
+    /// limits record was not kept ([`Self::identified`]): a clear
+    /// without it leaves the next start reading the store intact with no
+    /// health record for the GPU (healthy, a quarantine from the event
+    /// log forgotten).
+    pub(super) fn health_not_kept(&mut self, gpu: u8) {
+        if !self.not_kept.contains(&gpu) {
+            self.not_kept.push(gpu);
+        }
     }
 
     /// The GPUs the clear still waits for to say their UUIDs.
@@ -380,32 +394,44 @@ impl super::Agent {
     /// (`config_lost`) what was taken back ([`Self::keep_recovered`]).
     pub(super) async fn keep_taken_back(&mut self, undone: &super::Undone, config_lost: bool) {
         let refused = self.recorder.refused();
+        let mut not_handed = Vec::new();
         for &gpu in &undone.unreadable {
-            self.keep_health(gpu).await;
+            if !self.keep_health(gpu).await {
+                not_handed.push(gpu);
+            }
         }
         if config_lost {
             let cooling = (undone.phase, &undone.steps[..]);
             let gpus = (&undone.unreadable[..], &undone.limits_unread[..]);
-            self.keep_recovered(gpus, cooling, refused).await;
+            self.keep_recovered(gpus, &not_handed, cooling, refused)
+                .await;
         }
     }
 
     /// At a start that found the config store lost: keeps what it took
-    /// back (the GPUs' health states, `unreadable`, handed over before;
-    /// the limits of the GPUs `limits_unread` as not read since;
+    /// back (the GPUs' health states, `unreadable`, handed over before,
+    /// but for those `not_handed`: the mark stays for this run; the
+    /// limits of the GPUs `limits_unread` as not read since;
     /// the cooling-loss `phase` and `steps`, when known) and leaves the
     /// lost mark to clear once the rest is known and kept
     /// ([`Self::clear_lost_mark_once_kept`]); said.
     pub(super) async fn keep_recovered(
         &mut self,
         (unreadable, limits_unread): (&[u8], &[u8]),
+        not_handed: &[u8],
         cooling: (Phase, &[CoolingStep]),
         refused_before: u64,
     ) {
         let uuids: Vec<&str> = self.gpus.iter().map(|g| g.info.uuid.as_str()).collect();
         let started = (&self.node, &uuids[..], unreadable, limits_unread);
         match keep_after_loss(&self.recorder, started, cooling, refused_before).await {
-            Ok(pending) => {
+            Ok(mut pending) => {
+                for &gpu in not_handed {
+                    tracing::error!(
+                        "the config store lost: GPU {gpu}: its health state taken back not kept: {MARK_STAYS}"
+                    );
+                    pending.health_not_kept(gpu);
+                }
                 tracing::warn!(
                     "the config store lost: what was taken back (GPU health, the cooling-loss phase when known) is kept again, and the power limits of each GPU whose record was lost as not read since (unreadable at a restart until its first limit read is kept); the store's lost mark clears once the cooling-loss phase is known and kept"
                 );
@@ -450,6 +476,20 @@ impl super::Agent {
                 pending.unkept()
             );
         }
+    }
+
+    /// GPU `gpu`'s health record could not be handed to the flash
+    /// (`super::quarantine::hand_health`, said): a lost mark still
+    /// pending stays for this run ([`PendingClear::health_not_kept`]),
+    /// said.
+    pub(super) fn health_not_kept_after_loss(&mut self, gpu: u8) {
+        let Some(pending) = self.lost_mark.as_mut() else {
+            return;
+        };
+        pending.health_not_kept(gpu);
+        tracing::error!(
+            "the config store lost: GPU {gpu}: its health state not kept: {MARK_STAYS}"
+        );
     }
 
     /// Clears the store's lost mark, off the loop and in order after what
@@ -568,7 +608,7 @@ fn said_at_stop(pending: &PendingClear) -> Vec<String> {
     }
     if let not_kept @ [_, ..] = pending.not_kept() {
         said.push(format!(
-            "the config store lost: GPUs {not_kept:?}: their records were not kept when they said their UUIDs in this run: {MARK_STAYS}"
+            "the config store lost: GPUs {not_kept:?}: their records were not kept in this run (when they said their UUIDs, or their health states taken back): {MARK_STAYS}"
         ));
     }
     said
@@ -1010,6 +1050,61 @@ mod tests {
         );
         assert_eq!(pending.not_kept(), &[1]);
         assert_eq!(r.refused(), 0, "not a refusal the clear would count");
+        go_tx.send(()).unwrap();
+    }
+
+    /// As above, GPU 1 identified late with its limits record kept, but
+    /// its health record (quarantined from the event log, or not) cannot
+    /// be handed to the flash thread: the mark stays for this run as for
+    /// its limits, never cleared with the GPU's state kept under no
+    /// record (the next start would read the store intact and take GPU 1
+    /// as healthy, its quarantine forgotten).
+    #[test]
+    fn a_gpu_whose_health_record_is_not_handed_over_keeps_the_mark() {
+        let stores = loopwarden_store::agent_flash::open(None).unwrap();
+        let r = Recorder::start(stores.log, stores.store, None).unwrap();
+        let (entered, entered_rx) = std::sync::mpsc::channel();
+        let (go_tx, go) = std::sync::mpsc::channel();
+        r.attach(Held {
+            entered: std::sync::Mutex::new(entered),
+            go: std::sync::Mutex::new(go),
+        });
+        r.publish(Message::Event(filler()), TimestampMs(1), false);
+        entered_rx.recv().unwrap();
+        let mut pending = PendingClear {
+            refused_before: r.refused(),
+            unkept: Vec::new(),
+            not_kept: Vec::new(),
+            stays: None,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        // Room for one more: handed over, the mark not held.
+        for _ in 1..loopwarden_store::recorder::VITAL_MAX {
+            r.set("filler".into(), vec![0]);
+        }
+        let record = || vec![("health.1".to_string(), vec![1]), ("check".into(), vec![2])];
+        let handed = rt.block_on(super::super::quarantine::hand_health(
+            &r,
+            1,
+            record(),
+            false,
+        ));
+        assert_eq!(handed, Ok(()));
+        for quarantined in [false, true] {
+            let handed = rt.block_on(super::super::quarantine::hand_health(
+                &r,
+                1,
+                record(),
+                quarantined,
+            ));
+            let e = handed.expect_err("the queue is full: not handed over");
+            pending.health_not_kept(1);
+            assert!(!pending.ready(false), "{e}: the mark stays");
+            assert_eq!(pending.not_kept(), &[1]);
+        }
         go_tx.send(()).unwrap();
     }
 }

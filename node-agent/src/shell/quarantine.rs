@@ -329,6 +329,41 @@ async fn move_claimed(
         .map_err(|e| format!("{index_key}: {e:?}"))
 }
 
+/// Hands `gpu`'s health `record` (the record, then its check) to
+/// `recorder` as one: a quarantine (`quarantined`) is waited for, at
+/// most [`KEEP_WAIT`] (one not known in flash by then is said, and lands
+/// in order after); other states are not. `Err` (said): not handed over
+/// (the queue full, the flash thread gone), or the flash refused it.
+pub(super) async fn hand_health(
+    recorder: &loopwarden_store::recorder::Recorder,
+    gpu: u8,
+    record: Vec<(String, Vec<u8>)>,
+    quarantined: bool,
+) -> Result<(), String> {
+    if !quarantined {
+        return recorder.set_all_later(record).map(drop).map_err(|e| {
+            tracing::error!("GPU {gpu}: its health state is not kept in flash ({e})");
+            e
+        });
+    }
+    match tokio::time::timeout(KEEP_WAIT, recorder.set_all_sync(record)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => {
+            tracing::error!(
+                "GPU {gpu}: its quarantine is not in flash ({e}): a restart would not restore it"
+            );
+            Err(e)
+        }
+        Err(_) => {
+            tracing::error!(
+                "GPU {gpu}: its quarantine is not known in flash after {} ms (the flash is slow or failing): a restart may not restore it",
+                KEEP_WAIT.as_millis()
+            );
+            Ok(())
+        }
+    }
+}
+
 impl Agent {
     /// An XID from the driver: kept for `why`, and decided by the node.
     pub(super) async fn on_xid(&mut self, x: XidReport) {
@@ -371,35 +406,34 @@ impl Agent {
     /// Keeps a GPU's health in flash, so a restart does not forget a
     /// quarantine: a quarantine is waited for (at most [`KEEP_WAIT`]),
     /// so it is in flash before it is published or acted on; other states
-    /// are handed to the recorder without waiting.
-    pub(super) async fn keep_health(&mut self, gpu: u8) {
+    /// are handed to the recorder without waiting ([`hand_health`]).
+    /// Whether it was handed over (`false`, said: a config store's lost
+    /// mark pending stays for this run); a GPU whose UUID is unknown has
+    /// none to hand over (said; such a GPU holds the mark until it says
+    /// it).
+    pub(super) async fn keep_health(&mut self, gpu: u8) -> bool {
         let health = self.node.gpu_health(gpu);
         let bytes = match postcard::to_allocvec(&health) {
             Ok(bytes) => bytes,
-            Err(e) => return tracing::error!("GPU {gpu}: health state not encodable: {e}"),
+            Err(e) => {
+                tracing::error!("GPU {gpu}: health state not encodable: {e}");
+                self.health_not_kept_after_loss(gpu);
+                return false;
+            }
         };
         let Some((id, key, value)) = self.record_of(gpu, Record::Health, &bytes) else {
-            return;
+            return true;
         };
         // The record, then its check: a cut between the two reads as
         // damaged at the next start (degraded), never as the older state.
         let check = (health_check_key(id), check_of(&value));
-        if health.state != HealthState::Quarantined {
-            self.recorder.set(key, value);
-            return self.recorder.set(check.0, check.1);
+        let quarantined = health.state == HealthState::Quarantined;
+        let record = vec![(key, value), check];
+        let handed = hand_health(&self.recorder, gpu, record, quarantined).await;
+        if handed.is_err() {
+            self.health_not_kept_after_loss(gpu);
         }
-        let both = self.recorder.set_all_sync(vec![(key, value), check]);
-        let kept = tokio::time::timeout(KEEP_WAIT, both).await;
-        match kept {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(
-                "GPU {gpu}: its quarantine is not in flash ({e}): a restart would not restore it"
-            ),
-            Err(_) => tracing::error!(
-                "GPU {gpu}: its quarantine is not known in flash after {} ms (the flash is slow or failing): a restart may not restore it",
-                KEEP_WAIT.as_millis()
-            ),
-        }
+        handed.is_ok()
     }
 
     /// Keeps `payload` as `gpu`'s record `what`, under its identity;
