@@ -67,7 +67,7 @@ mod unknown;
 use evidence::{fit, xid_words};
 pub use evidence::{fmt_time, At};
 pub use release::{LaterEvidence, Refusal};
-use rules::{Streak, Window};
+use rules::{Rate, Streak};
 pub use slow::SlowCounters;
 
 /// One sample of one GPU, in natural units. Counters are cumulative.
@@ -358,12 +358,9 @@ struct Track {
     first_miss: Option<u64>,
     last_miss: Option<u64>,
     last_degrade_evidence: u64,
-    pcie: Window,
-    sbe: Window,
-    crc: Window,
-    pcie_high: Streak,
-    sbe_high: Streak,
-    crc_high: Streak,
+    pcie: Rate,
+    sbe: Rate,
+    crc: Rate,
     hot: Streak,
     straggle: Streak,
     /// The peers' thermal resistance at the last judgement, for evidence.
@@ -387,31 +384,13 @@ impl Track {
             first_miss: None,
             last_miss: None,
             last_degrade_evidence: 0,
-            pcie: Window::default(),
-            sbe: Window::default(),
-            crc: Window::default(),
-            pcie_high: Streak::default(),
-            sbe_high: Streak::default(),
-            crc_high: Streak::default(),
+            pcie: Rate::default(),
+            sbe: Rate::default(),
+            crc: Rate::default(),
             hot: Streak::default(),
             straggle: Streak::default(),
             hot_excess: 0.0,
             later: None,
-        }
-    }
-
-    /// The rate windows of the counter groups `rebased` (known again)
-    /// start again. Not the PCIe replay counter's: its window takes no
-    /// point from a sample that does not know it and counts across the
-    /// gap, starting again only when the counter fell (`rules`).
-    fn restart_windows(&mut self, rebased: Unsupported) {
-        for (group, window) in [
-            (Unsupported::ECC, &mut self.sbe),
-            (Unsupported::NVLINK, &mut self.crc),
-        ] {
-            if rebased.contains(group) {
-                *window = Window::default();
-            }
         }
     }
 }
@@ -668,7 +647,6 @@ impl HealthEngine {
             tr.last_miss = None;
             let s = unknown::settle(o, tr.last.map(|(_, p)| p));
             tr.last = Some((t, s.now));
-            tr.restart_windows(s.rebased);
             s
         };
         self.end_stall(now, &mut out);
@@ -972,6 +950,106 @@ pub(crate) mod tests {
         assert_eq!(pcie_count_degraded(count, gap, 400_000), None);
         // Read throughout, it is never degraded either.
         assert_eq!(pcie_count_degraded(count, |_| false, 400_000), None);
+    }
+
+    /// When GPU 0 is degraded for `reason` under `policy`, sampled every
+    /// second, its counters set by `count(ms, o)` and the counter groups
+    /// `unknown(ms)` not known (their fields zeros, as a failed read sends
+    /// them); `None`: not before `until` (ms).
+    fn rate_degraded(
+        policy: Policy,
+        reason: ReasonCode,
+        count: impl Fn(u64, &mut Observation),
+        unknown: impl Fn(u64) -> Unsupported,
+        until: u64,
+    ) -> Option<u64> {
+        let limits = Limits {
+            max_operating_c: 87.0,
+        };
+        let mut e = HealthEngine::new(1, limits, policy, TimestampMs(0));
+        for t in (0..until).step_by(1_000) {
+            let mut o = Observation::default();
+            count(t, &mut o);
+            o.unknown = unknown(t);
+            if o.unknown.contains(Unsupported::ECC) {
+                o.sbe_volatile = 0;
+            }
+            if o.unknown.contains(Unsupported::NVLINK) {
+                o.nvlink_crc = 0;
+            }
+            e.sample(TimestampMs(t), 0, &o);
+            let s = e.status(0).unwrap();
+            if s.state == HealthState::Degraded && s.reason == reason {
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    /// A storm: its reason, the counter group that carries it, and the
+    /// counter at each time.
+    type Storm = (ReasonCode, Unsupported, fn(u64, &mut Observation));
+
+    /// Corrected ECC errors at 300/min, and NVLink CRC errors at 300/s.
+    fn storms() -> [Storm; 2] {
+        [
+            (ReasonCode::SBE_RATE_RISING, Unsupported::ECC, |t, o| {
+                o.sbe_volatile = 300 * t / 60_000
+            }),
+            (ReasonCode::NVLINK_ERRORS, Unsupported::NVLINK, |t, o| {
+                o.nvlink_crc = 300 * t / 1_000
+            }),
+        ]
+    }
+
+    /// A corrected-ECC or NVLink CRC storm whose reads fail now and then
+    /// (every 10th sample), or all but once every 30 s (a sick GPU whose
+    /// NVML answers time out), is judged as read that often: degraded
+    /// within a few minutes, the window counted across the failed reads,
+    /// never started again by one.
+    #[test]
+    fn a_failed_ecc_or_nvlink_read_now_and_then_does_not_hide_a_rate_storm() {
+        let p = Policy::default();
+        for (reason, group, count) in storms() {
+            let steady = rate_degraded(p, reason, count, |_| Unsupported::empty(), 600_000);
+            assert!(steady.is_some_and(|t| t <= 125_000), "{reason}: {steady:?}");
+            let tenth = |t: u64| Unsupported::empty().with(group, t % 10_000 == 9_000);
+            let gaps = rate_degraded(p, reason, count, tenth, 600_000);
+            assert!(
+                gaps.is_some_and(|t| t <= steady.unwrap() + 15_000),
+                "{reason}, one read in 10 failing: {gaps:?}"
+            );
+            let sparse = |t: u64| Unsupported::empty().with(group, t % 30_000 != 0);
+            let sparse = rate_degraded(p, reason, count, sparse, 600_000);
+            assert!(
+                sparse.is_some_and(|t| t <= 180_000),
+                "{reason}, read once every 30 s: {sparse:?}"
+            );
+        }
+    }
+
+    /// A gap of failed reads longer than 60 s does not count towards the
+    /// sustain beyond those 60 s: with a 2-minute sustain, a storm that
+    /// started 10 s before reads failed for 3 minutes is degraded a
+    /// minute after they answer again, not at once.
+    #[test]
+    fn a_gap_of_failed_ecc_or_nvlink_reads_does_not_lengthen_the_streak() {
+        let p = Policy {
+            sbe_sustain_ms: 120_000,
+            nvlink_crc_sustain_ms: 120_000,
+            ..Policy::default()
+        };
+        for (reason, group, count) in storms() {
+            let gap = |t: u64| Unsupported::empty().with(group, t > 30_000 && t <= 210_000);
+            let at = rate_degraded(p, reason, count, gap, 600_000);
+            // The streak starts about 20 s in (the minute's count over
+            // the limit), 10 s of it known before the gap, 60 s across
+            // it: 50 s more after the gap.
+            assert!(
+                at.is_some_and(|t| (250_000..=270_000).contains(&t)),
+                "{reason}: {at:?}"
+            );
+        }
     }
 
     #[test]

@@ -10,9 +10,9 @@
 //! Glossary:
 //! - *window*: a counter's recent values as read, for its increase over a
 //!   trailing span ([`Window`]). A counter read every sample (corrected
-//!   ECC, NVLink CRC) has a point at every sample and counts from the
-//!   newest point at least the span old, scaled to the span when that is
-//!   older ([`Increase`]). The PCIe replay counter has a point only at
+//!   ECC, NVLink CRC) has a point at every sample that knows it (none
+//!   from a failed read) and counts from the newest point at least the
+//!   span old, scaled to the span when that is older ([`Increase`]). The PCIe replay counter has a point only at
 //!   the samples that read it (every sample, or only the reads of the
 //!   slow counters where the agent cannot read it every sample:
 //!   [`Observation::pcie_held`]; none from a sample that does not know
@@ -27,7 +27,12 @@
 //!   ([`Increase::floor`]); the PCIe sustain is judged on it.
 //! - *streak*: how long a condition has held ([`Streak`]); paused over
 //!   samples that cannot judge it (its start moved forward by their
-//!   time), so it never grows over time not known.
+//!   time past [`STREAK_GRACE_MS`] since the last known one), so it
+//!   never grows over a long gap not known.
+//! - *rate*: a counter's window and its streak above the limit
+//!   ([`Rate`]), the same for the three rates: a sample that does not
+//!   know the counter ([`Read::Unknown`]) adds no point and pauses the
+//!   streak.
 
 use std::collections::VecDeque;
 
@@ -113,10 +118,9 @@ impl Increase {
 }
 
 impl Window {
-    /// Adds a point, the counter `v` read at `t`, keeps what the last
-    /// `span` ms before it need, and returns the increase over them (as
-    /// [`Window::increase_over`] counts).
-    fn push(&mut self, t: u64, v: u64, span: u64) -> Increase {
+    /// Adds a point, the counter `v` read at `t`, and keeps what the
+    /// last `span` ms before it need.
+    fn push(&mut self, t: u64, v: u64, span: u64) {
         // A counter that went down was reset (driver reload), or the clock
         // stepped back: start again.
         if self
@@ -130,7 +134,6 @@ impl Window {
         while self.points.len() > 2 && t.saturating_sub(self.points[1].0) >= span {
             self.points.pop_front();
         }
-        self.increase_over(span)
     }
 
     /// The increase over the last `span` ms read (at most the span pushed
@@ -231,6 +234,65 @@ impl Streak {
             self.since = Some(since.saturating_add(t.saturating_sub(from)).min(t));
         }
         self.last = Some(t);
+    }
+}
+
+/// A counter judged on its rate: its window of reads and its streak
+/// above the limit. A sample that does not know the counter (a failed
+/// read, a field not in the sample) adds no point and pauses the
+/// streak, never judged on values not known: the next read counts
+/// across the gap, so a failed read now and then neither starts the
+/// count again nor ends the streak (only a counter that fell, a reset,
+/// starts the window again).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Rate {
+    pub(super) window: Window,
+    pub(super) high: Streak,
+}
+
+/// What a sample says of a rate counter.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Read {
+    /// Read at this sample: a point of the window.
+    Fresh(u64),
+    /// Known, as read at an earlier sample (a slow counter held between
+    /// its reads): judged, but no point.
+    Held,
+    /// Not known (a failed read): not judged.
+    Unknown,
+}
+
+impl Read {
+    /// The counter `v` as a sample has it: not known, held from an
+    /// earlier read, or read now.
+    fn of(v: u64, known: bool, held: bool) -> Self {
+        match (known, held) {
+            (false, _) => Read::Unknown,
+            (true, true) => Read::Held,
+            (true, false) => Read::Fresh(v),
+        }
+    }
+}
+
+impl Rate {
+    /// Takes the sample's `read` at `t` into the window (a fresh read
+    /// only), keeping what the last `span` ms before it need.
+    fn take(&mut self, t: u64, read: Read, span: u64) {
+        if let Read::Fresh(v) = read {
+            self.window.push(t, v, span);
+        }
+    }
+
+    /// The streak at `t` after `read`: `on` and `off` as
+    /// [`Streak::update`] when the counter is known, else paused
+    /// ([`Streak::pause`]) and `None`.
+    fn judge(&mut self, t: u64, read: Read, on: bool, off: bool) -> Option<u64> {
+        if let Read::Unknown = read {
+            self.high.pause(t);
+            None
+        } else {
+            self.high.update(t, on, off)
+        }
     }
 }
 
@@ -412,15 +474,17 @@ impl HealthEngine {
     /// counters where the agent cannot: its window takes a point only
     /// from a sample that read it, so its rates are counted between
     /// reads, over exactly the minute and the 2 minutes before the newest
-    /// read (interpolated); the streak still runs in the samples' time. A
-    /// sample that does not know the counter (a failed read) adds no
-    /// point and pauses the streak, never judged on values not known:
-    /// the next read counts across the gap, and a failed read now and
-    /// then neither restarts the count nor ends the streak, only puts it
-    /// off by the sample's period (a counter that fell, reset, starts the
-    /// window again). The streak's start moves forward by the time not
-    /// known, so a gap of failed reads, whose replays the next read
-    /// spreads evenly over it, does not count towards the sustain. Its 2
+    /// read (interpolated); the streak still runs in the samples' time.
+    /// For all three ([`Rate`]), a sample that does not know the counter
+    /// (a failed read, a field not in the sample) adds no point and
+    /// pauses the streak, never judged on values not known: the next read
+    /// counts across the gap, and a failed read now and then neither
+    /// restarts the count nor ends the streak (a counter that fell,
+    /// reset, starts the window again). Up to [`STREAK_GRACE_MS`] since
+    /// the last read the streak grows as across reads made that far
+    /// apart; past it, its start moves forward by the time not known, so
+    /// a long gap of failed reads, whose counts the next read spreads
+    /// evenly over it, does not count towards the sustain. The PCIe 2
     /// minutes are judged on whole replays, and the
     /// GPU is degraded only while they are above the limit: a steady rate
     /// at or below the limit, whose interpolated minute can read up to one
@@ -437,35 +501,43 @@ impl HealthEngine {
         let when = At(self.stamp(t));
         let tr = &mut self.gpus[g];
         // One window for both spans of PCIe replays, of the values read.
-        let pcie_known = !o.unknown.contains(Unsupported::PCIE);
-        if pcie_known && !o.pcie_held {
-            tr.pcie
-                .push(t, o.pcie_replay, p.pcie_sustain_ms.max(60_000));
-        }
-        let pcie_min = tr.pcie.interpolated(60_000);
-        let pcie_sustained = tr.pcie.interpolated(p.pcie_sustain_ms).floor();
+        let pcie = Read::of(
+            o.pcie_replay,
+            !o.unknown.contains(Unsupported::PCIE),
+            o.pcie_held,
+        );
+        tr.pcie.take(t, pcie, p.pcie_sustain_ms.max(60_000));
+        let pcie_min = tr.pcie.window.interpolated(60_000);
+        let pcie_sustained = tr.pcie.window.interpolated(p.pcie_sustain_ms).floor();
         let pcie_over = pcie_sustained.above(p.pcie_sustain_ms, p.pcie_replays_per_min, 60_000);
-        let sbe_min = tr.sbe.push(t, o.sbe_volatile, 60_000);
-        let crc_min = tr.crc.push(t, o.nvlink_crc, 60_000);
+        let sbe = Read::of(o.sbe_volatile, !o.unknown.contains(Unsupported::ECC), false);
+        tr.sbe.take(t, sbe, 60_000);
+        let sbe_min = tr.sbe.window.increase_over(60_000);
+        let crc = Read::of(
+            o.nvlink_crc,
+            !o.unknown.contains(Unsupported::NVLINK),
+            false,
+        );
+        tr.crc.take(t, crc, 60_000);
+        let crc_min = tr.crc.window.increase_over(60_000);
         // A sample that does not know the counter neither starts, ends
         // nor lengthens the streak (paused over the time not known): it
         // is judged again at the next read.
-        let pcie_for = if pcie_known {
-            tr.pcie_high.update(
-                t,
-                pcie_min.above(60_000, p.pcie_replays_per_min, 60_000),
-                !pcie_over,
-            )
-        } else {
-            tr.pcie_high.pause(t);
-            None
-        };
+        let pcie_for = tr.pcie.judge(
+            t,
+            pcie,
+            pcie_min.above(60_000, p.pcie_replays_per_min, 60_000),
+            !pcie_over,
+        );
         let sbe_for = tr
-            .sbe_high
-            .update(t, sbe_min.above(60_000, p.sbe_per_min, 60_000), true);
-        let crc_for = tr
-            .crc_high
-            .update(t, crc_min.above(60_000, p.nvlink_crc_per_s, 1_000), true);
+            .sbe
+            .judge(t, sbe, sbe_min.above(60_000, p.sbe_per_min, 60_000), true);
+        let crc_for = tr.crc.judge(
+            t,
+            crc,
+            crc_min.above(60_000, p.nvlink_crc_per_s, 1_000),
+            true,
+        );
         if pcie_over && pcie_for.is_some_and(|d| d >= p.pcie_sustain_ms) {
             let per = format!("{} min", p.pcie_sustain_ms / 60_000);
             let two = pcie_sustained.words(p.pcie_sustain_ms, &per);

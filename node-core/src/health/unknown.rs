@@ -13,10 +13,10 @@
 //!   clear");
 //! - a group known again after samples that did not know it is judged
 //!   from its new values on, as a first sample would be: what piled up
-//!   unseen is not one sample's rise, and its rate windows start again
-//!   (the PCIe replay counter's excepted: its window takes no point from
-//!   a sample that does not know it and counts across the gap, `rules`).
-//!   Except the volatile double-bit ECC count: any uncorrectable error
+//!   unseen is not one sample's rise. (A rate window, of PCIe replays,
+//!   corrected ECC or NVLink CRC errors, takes no point from a sample
+//!   that does not know its counter and counts across the gap, its
+//!   streak paused: `rules`.) Except the volatile double-bit ECC count: any uncorrectable error
 //!   counted since the last known count (or, never known, since the
 //!   driver loaded) needs a reset whenever it happened, so it is judged
 //!   against the count held, as a first sample is judged above 0.
@@ -50,9 +50,6 @@ pub(super) struct Settled {
     /// The previous sample to judge a rise against, rebased groups set to
     /// their new values.
     pub prev: Option<Observation>,
-    /// The groups known again: their rate windows start again (but the
-    /// PCIe replay counter's, `HealthEngine::sample`).
-    pub rebased: Unsupported,
 }
 
 /// `o` as the rules judge it after `prev` (the previous sample, as
@@ -61,7 +58,6 @@ pub(super) struct Settled {
 pub(super) fn settle(o: &Observation, prev: Option<Observation>) -> Settled {
     let mut now = *o;
     let mut base = prev;
-    let mut rebased = Unsupported::empty();
     if let Some(p) = prev {
         for g in COUNTER_GROUPS {
             if o.unknown.contains(g) {
@@ -72,15 +68,10 @@ pub(super) fn settle(o: &Observation, prev: Option<Observation>) -> Settled {
                 if g == Unsupported::ECC {
                     b.dbe_volatile = p.dbe_volatile;
                 }
-                rebased = rebased | g;
             }
         }
     }
-    Settled {
-        now,
-        prev: base,
-        rebased,
-    }
+    Settled { now, prev: base }
 }
 
 /// Copies group `g`'s fields from `from` into `to`.
@@ -139,7 +130,6 @@ mod tests {
         assert!(s.now.remap_pending, "still pending");
         assert_eq!((s.now.sbe_volatile, s.now.pcie_replay), (9, 0), "known");
         assert_eq!(s.prev, Some(counting(5)));
-        assert!(s.rebased.is_empty());
     }
 
     #[test]
@@ -152,7 +142,6 @@ mod tests {
         let prev = s.prev.unwrap();
         assert_eq!(prev.nvlink_replay, 800, "no rise across the gap");
         assert_eq!(prev.pcie_replay, 5, "a group known throughout rises");
-        assert_eq!(s.rebased, Unsupported::NVLINK);
         assert_eq!(s.now, counting(800));
     }
 
@@ -340,6 +329,6 @@ mod tests {
     fn a_first_sample_is_taken_as_it_is() {
         let o = unknown(Unsupported::ECC);
         let s = settle(&o, None);
-        assert_eq!((s.now, s.prev, s.rebased), (o, None, Unsupported::empty()));
+        assert_eq!((s.now, s.prev), (o, None));
     }
 }
