@@ -61,7 +61,7 @@ mod rebirth;
 use crate::device::{measured_at, View};
 use crate::payload::{self, DataType, Point, Value};
 use devices::{notice_refused, refusal, Device, Heard};
-pub use devices::{CONTROLLER_SILENT_AFTER_MS, PACE_MAX_MS};
+pub use devices::{CONTROLLER_SILENT_AFTER_MS, GPU_POWER_MAX_W, PACE_MAX_MS};
 
 /// The metric a host sets to ask for every birth again.
 pub const REBIRTH: &str = "Node Control/Rebirth";

@@ -12,7 +12,8 @@
 //! `leak` are null while the CDU's latest state says its controller is
 //! silent and no telemetry came after it. A GPU that did
 //! not answer in time repeats its last good sample: its measurements are
-//! null and the host's power and hottest die leave it out. Every metric of
+//! null and the host's power and hottest die leave it out (a power sum
+//! past the metric's u32 is null). Every metric of
 //! a device is in every birth of it, with a null value until a message
 //! gives it one, so the set changes only when a host's GPUs do (then the
 //! device is born again). Names carry their unit (`_c`, `_w`, `_pct`,
@@ -251,13 +252,18 @@ fn responsive(t: &HostTelemetry) -> impl Iterator<Item = &GpuTelemetry> {
 }
 
 /// The host's power (the responsive GPUs that report it) and hottest die
-/// (the responsive GPUs); each `None` when no GPU counts.
+/// (the responsive GPUs); each `None` when no GPU counts, the power also
+/// when the sum does not fit its u32 metric.
 fn host_figures(t: &HostTelemetry) -> (Option<u32>, Option<u8>) {
-    let power: Vec<u32> = responsive(t)
+    let power: Vec<u64> = responsive(t)
         .filter(|g| !g.unsupported.contains(Unsupported::POWER))
-        .map(|g| g.power.0)
+        .map(|g| u64::from(g.power.0))
         .collect();
-    let power = (!power.is_empty()).then(|| power.iter().sum());
+    // Summed wide (at most 16 GPUs): a sum past the metric's u32 is
+    // unknown, never a wrong figure or a panic.
+    let power = (!power.is_empty())
+        .then(|| u32::try_from(power.iter().sum::<u64>()).ok())
+        .flatten();
     (power, responsive(t).map(|g| g.temp.0).max())
 }
 
@@ -696,6 +702,30 @@ mod tests {
         let m = view.metrics(9);
         assert_eq!(value(&m, "power_w"), None);
         assert_eq!(value(&m, "hottest_gpu_c"), None);
+    }
+
+    #[test]
+    fn gpu_powers_that_overflow_u32_do_not_panic() {
+        let mut view = sample_host();
+        let View::Host {
+            telemetry: Some(t), ..
+        } = &mut view
+        else {
+            unreachable!("the sample host has telemetry")
+        };
+        for g in t.message.gpus.iter_mut() {
+            g.flags = g.flags.with(GpuFlags::RESPONSIVE, true);
+            g.unsupported = Unsupported::empty();
+            g.power = Watts(1 << 31);
+        }
+        let m = view.metrics(9);
+        // The sum does not fit the metric: unknown, not a wrong figure.
+        assert_eq!(value(&m, "power_w"), None);
+        assert_eq!(
+            value(&m, "gpu/0/power_w"),
+            Some(Value::UInt32(1 << 31)),
+            "each GPU's own figure is what it said"
+        );
     }
 
     #[test]

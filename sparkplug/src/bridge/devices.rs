@@ -194,11 +194,29 @@ fn pace(
     }
 }
 
+/// The most power a GPU's sample may say it draws or is limited to, W:
+/// far past any GPU (the largest boards draw a few kW), so a figure above
+/// it is a malformed frame, and 16 GPUs of it still sum within a u32.
+pub const GPU_POWER_MAX_W: u32 = 100_000;
+
 /// Why a frame on `topic` is refused, if it is: sent by another node
-/// than the one whose topic it is, or of the wrong kind for the topic.
+/// than the one whose topic it is, of the wrong kind for the topic, or a
+/// host's sample with a GPU power past [`GPU_POWER_MAX_W`].
 pub(super) fn refusal(topic: &Topic, frame: &Frame) -> Option<String> {
     if frame.sender.role != topic.role || frame.sender.id != topic.node {
         return Some("sent by another node than the topic's".into());
+    }
+    if let Message::HostTelemetry(t) = &frame.message {
+        for g in &t.gpus {
+            for (field, w) in [("power", g.power.0), ("power_limit", g.power_limit.0)] {
+                if w > GPU_POWER_MAX_W {
+                    let i = g.gpu.get();
+                    return Some(format!(
+                        "gpu {i} {field} {w} W is past any GPU's ({GPU_POWER_MAX_W} W): malformed"
+                    ));
+                }
+            }
+        }
     }
     let fits = matches!(
         (topic.role, topic.family, &frame.message),

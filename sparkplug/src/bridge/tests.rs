@@ -486,6 +486,33 @@ fn frames_on_another_nodes_topic_or_of_a_foreign_kind_are_refused() {
 }
 
 #[test]
+fn a_gpu_power_past_any_gpus_is_refused_and_does_not_stop_the_bridge() {
+    let mut b = bridge();
+    connected(&mut b);
+    b.step(T, host_telemetry("h06", 60));
+    let mut t = samples::host_telemetry(2);
+    for g in t.gpus.iter_mut() {
+        g.power = loopwarden_protocol::Watts(1 << 31);
+    }
+    let out = b.step(T, input(Role::Host, "h07", Message::HostTelemetry(t)));
+    assert!(out.is_empty(), "not born of a malformed frame");
+    let notices = b.take_notices();
+    let Some(Notice::FrameRefused { sender, why, .. }) = notices.first() else {
+        panic!("the refusal is noticed: {notices:?}")
+    };
+    assert!(sender.contains("h07"), "{sender}");
+    assert!(why.contains("gpu 0 power"), "names the field: {why}");
+    // The bridge goes on: the other host's next sample is published.
+    let out = b.step(T + 1_000, host_telemetry("h06", 70));
+    assert_eq!(kinds(&out), [(Kind::DData, Some("h06"))]);
+    let out = b.step(T + 10_000, Input::Tick);
+    assert_eq!(
+        metric(&body(&out[0]), "bridge/frames_refused"),
+        Some(MetricValue::Long(1))
+    );
+}
+
+#[test]
 fn losing_the_loopwarden_bus_declares_every_device_dead() {
     let mut b = bridge();
     connected(&mut b);
