@@ -5,7 +5,8 @@
 //! The job model and the Monte Carlo engine are `loopwarden_twin::goodput`;
 //! this command gathers the inputs (flags, a `--mix` file, the `measured`
 //! precursor model of [`loopwarden_hall::precursors`]), computes every
-//! figure ([`study`]) and writes the report: `report.md` ([`report`]) and
+//! figure ([`study`]; the checkpoint interval's advice, paired,
+//! [`interval`]) and writes the report: `report.md` ([`report`]) and
 //! three SVG charts ([`charts`]), into `--out` (`goodput-run/`).
 //!
 //! Glossary:
@@ -16,6 +17,7 @@
 //!   and varied in the report, since no public source gives them.
 
 pub mod charts;
+pub mod interval;
 pub mod report;
 pub mod study;
 pub mod verdict;

@@ -511,11 +511,14 @@ fn choosing(md: &mut String, s: &Study) {
         let _ = writeln!(
             md,
             "**Choosing the checkpoint interval.** The best swept for reactive handling is {} min \
-             ({}); Young's √(2 W M), with M = {:.2} h between interruptions, gives {:.1} min.\n",
+             ({}); Young's √(2 W M), with M = {:.2} h between interruptions, gives {:.1} min.{}\n",
             num(best.x),
             pct(best.ett[0]),
             mtbf_s / 3600.0,
-            young_min
+            young_min,
+            s.checkpoint_advice
+                .as_ref()
+                .map_or(String::new(), |a| format!(" {}", a.sentence()))
         );
     }
     let out_share: f64 = mix

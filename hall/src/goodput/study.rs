@@ -16,6 +16,7 @@
 //!   1.96 beyond): how far a gain between policies can be trusted at the
 //!   run's number of trials.
 
+use super::interval::IntervalAdvice;
 use loopwarden_twin::goodput::mix::LLAMA3_RATE_PER_GPU_DAY;
 use loopwarden_twin::goodput::trials::{each_trial, run_policies, validate};
 use loopwarden_twin::goodput::{
@@ -150,6 +151,9 @@ pub struct Study {
     /// ETT against the checkpoint interval (the drain policy's without
     /// false alarms, as in every sweep).
     pub checkpoint: Vec<Point>,
+    /// The best checkpoint interval swept set against the run's own (or
+    /// the runner-up), paired over the sweep's trials.
+    pub checkpoint_advice: Option<IntervalAdvice>,
     /// ETT against the restart time.
     pub restart: Vec<Point>,
     /// ETT against the checkpoint write.
@@ -211,6 +215,7 @@ impl Study {
         let false_alarms = false_alarm_sweep(i, &flagged)?;
         let q = &quiet(i);
         let [checkpoint, restart, write, spares, hang] = sensitivities(q)?;
+        let checkpoint_advice = IntervalAdvice::of(q, &checkpoint)?;
         let precursors = grid(q, &i.job, &i.mix)?;
         let moonshot = moonshot(i)?;
         Ok(Study {
@@ -221,6 +226,7 @@ impl Study {
             agent_swept,
             false_alarms,
             checkpoint,
+            checkpoint_advice,
             restart,
             write,
             spares,
@@ -263,7 +269,11 @@ pub struct Difference {
 
 impl Difference {
     /// From the per-trial ETTs of two policies over the same trials.
-    fn paired((key, name): (&'static str, &'static str), a: &[f64], b: &[f64]) -> Difference {
+    pub(super) fn paired(
+        (key, name): (&'static str, &'static str),
+        a: &[f64],
+        b: &[f64],
+    ) -> Difference {
         let d: Vec<f64> = a.iter().zip(b).map(|(x, y)| x - y).collect();
         let n = d.len() as f64;
         let mean = d.iter().sum::<f64>() / n;
