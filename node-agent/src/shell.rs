@@ -188,8 +188,9 @@ pub(crate) struct Agent {
 /// default).
 #[derive(Default)]
 pub struct RunHooks {
-    /// Given a handle of the agent's bus once it is started; its counters
-    /// stay readable after the agent stops.
+    /// Given a handle of the agent's bus once it is started, its console
+    /// bound and its recorder running (an agent that fails before gives
+    /// none); its counters stay readable after the agent stops.
     pub bus: Option<tokio::sync::oneshot::Sender<Bus>>,
     /// Where the loop publishes its snapshot after every step (the
     /// console reads a receiver of it), so the caller can watch the loop
@@ -268,9 +269,6 @@ async fn run_agent(
         task: bus_task,
         embedded: _embedded,
     } = startup::start_bus(&config, first_seq, outbox, gpus.len())?;
-    if let Some(tx) = hooks.bus {
-        let _ = tx.send(bus.clone());
-    }
 
     // The console.
     let console_path = config.console.clone();
@@ -282,6 +280,11 @@ async fn run_agent(
     let (cooling, mut cooling_rx) = cooling::start_runner();
     let recorder = Recorder::start_on(log, store, flash_path.as_deref(), bus.clone())
         .map_err(AgentError::Thread)?;
+    // The bus goes to whoever waits for it only once the console is bound
+    // and the recorder runs: an agent that fails at its start hands none.
+    if let Some(tx) = hooks.bus {
+        let _ = tx.send(bus.clone());
+    }
     let (snapshots, snapshot_rx) = match hooks.snapshots {
         Some(tx) => {
             let rx = tx.subscribe();
