@@ -378,6 +378,10 @@ struct Ran {
     caps_lost: Vec<String>,
     /// When each (host, GPU) was failed.
     injected: HashMap<(String, u8), Instant>,
+    /// Agents that ended before the stop, or whose task failed.
+    agents_ended_early: Vec<String>,
+    /// The same of the controllers, by CDU.
+    controllers_ended_early: Vec<String>,
 }
 
 /// Starts every part, runs the halls for the duration and stops the
@@ -427,7 +431,8 @@ async fn run_parts(
     let mut acked = Vec::new();
     let mut acks_acked = Vec::new();
     let mut metrics = Vec::new();
-    for (id, m, ledger) in agents.stop().await {
+    let (stopped, agents_ended_early) = agents.stop().await;
+    for (id, m, ledger) in stopped {
         let of = |f| {
             ledger
                 .iter()
@@ -440,8 +445,15 @@ async fn run_parts(
         metrics.push((id, m));
     }
     let agents = metrics;
+    let controllers_ended = cdus
+        .iter()
+        .zip(layouts)
+        .filter(|(c, _)| c.controller.is_finished())
+        .map(|(_, l)| l.name.clone())
+        .collect();
     let _ = ctrl_stop.send(true);
-    let (controllers, caps_lost) = stop_controllers(cdus, layouts).await;
+    let (controllers, caps_lost, controllers_ended_early) =
+        stop_controllers(cdus, layouts, controllers_ended).await;
     Ok(Ran {
         agents_start_s,
         wall_s,
@@ -458,6 +470,8 @@ async fn run_parts(
         controllers,
         caps_lost,
         injected,
+        agents_ended_early,
+        controllers_ended_early,
     })
 }
 
@@ -594,15 +608,27 @@ fn step_one(
 }
 
 /// Stops the controllers (already told) and their watchers; their caps
-/// and bus counters, by CDU, and the CDUs whose watcher did not end (the
-/// report names them: their figures are lost, not zero).
+/// and bus counters, by CDU, the CDUs whose watcher did not end (the
+/// report names them: their figures are lost, not zero), and `ended`
+/// (the CDUs whose controller ended before it was told to stop) with
+/// those whose controller's task failed.
 async fn stop_controllers(
     cdus: Vec<CduPart>,
     layouts: &[CduLayout],
-) -> (Vec<(String, CapFigures)>, Vec<String>) {
+    mut ended: Vec<String>,
+) -> (Vec<(String, CapFigures)>, Vec<String>, Vec<String>) {
     let (mut out, mut lost) = (Vec::new(), Vec::new());
     for (part, l) in cdus.into_iter().zip(layouts) {
-        let _ = tokio::time::timeout(Duration::from_secs(10), part.controller).await;
+        match tokio::time::timeout(Duration::from_secs(10), part.controller).await {
+            Err(_) => tracing::error!("{}: the controller did not stop within 10 s", l.name),
+            Ok(Err(e)) => {
+                tracing::error!("{}: the controller: {e}", l.name);
+                if !ended.contains(&l.name) {
+                    ended.push(l.name.clone());
+                }
+            }
+            Ok(Ok(())) => {}
+        }
         let caps = match tokio::time::timeout(Duration::from_secs(5), part.watcher).await {
             Ok(Ok(caps)) => caps,
             _ => {
@@ -614,7 +640,7 @@ async fn stop_controllers(
         part.sim.served.abort();
         out.push((l.name.clone(), caps));
     }
-    (out, lost)
+    (out, lost, ended)
 }
 
 impl Ran {

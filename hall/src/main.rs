@@ -227,7 +227,14 @@ fn fleet(a: &FleetArgs) -> Result<String, String> {
     cfg.ambient_c = a.ambient_c;
     cfg.out = a.out.clone();
     let r = loopwarden_hall::fleet::run(&cfg).map_err(|e| e.to_string())?;
-    Ok(if a.json { r.to_json() } else { r.summary() })
+    let out = if a.json { r.to_json() } else { r.summary() };
+    if !r.whole() {
+        // The figures are printed, and the run fails: they miss what the
+        // parts that ended would have done.
+        println!("{out}");
+        return Err(format!("the run is not whole: {}", r.ended_early()));
+    }
+    Ok(out)
 }
 
 #[derive(Debug, Args)]

@@ -154,3 +154,32 @@ fn a_second_run_into_the_same_out_folder_is_refused_naming_it() {
         "{err}"
     );
 }
+
+#[test]
+fn an_agent_whose_console_socket_cannot_be_bound_fails_the_run_naming_it() {
+    // A Unix socket's path holds at most 107 bytes: `<out>/c1r0h0/console.sock`
+    // under a 100-character folder is longer.
+    let base = out_dir("long");
+    let mut out = base.clone();
+    while out.as_os_str().len() < 100 {
+        out.push(
+            "x".repeat(100 - out.as_os_str().len())
+                .chars()
+                .take(20)
+                .collect::<String>(),
+        );
+    }
+    let run = Command::new(env!("CARGO_BIN_EXE_loopwarden-hall"))
+        .args(["fleet", "--hosts", "2", "--cdus", "1", "--duration", "5"])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("loopwarden-hall runs");
+    let _ = std::fs::remove_dir_all(&base);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{err}");
+    assert!(
+        err.contains("agent c1r0h") && err.contains("console socket"),
+        "{err}"
+    );
+}

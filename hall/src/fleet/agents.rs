@@ -78,6 +78,15 @@ impl Agents {
             _watches: watches,
         };
         agents.connected().await?;
+        // An agent may hand its bus over and end right after (its console
+        // or its flash recorder failing): none is left out unnoticed.
+        let ended = finished(&agents.tasks);
+        if !ended.is_empty() {
+            return Err(FleetError::Start(format!(
+                "agents ended at their start: {} (see the log above)",
+                ended.join(" ")
+            )));
+        }
         Ok(agents)
     }
 
@@ -99,23 +108,47 @@ impl Agents {
     }
 
     /// Tells every agent to stop, waits for them (at most a minute), and
-    /// returns each one's bus counters and acknowledged outbox frames.
-    pub(super) async fn stop(self) -> Vec<(String, MetricsSnapshot, Vec<(u32, Family)>)> {
+    /// returns each one's bus counters and acknowledged outbox frames,
+    /// and the agents that ended before they were told to stop or whose
+    /// task failed (panicked): their figures cover only part of the run.
+    pub(super) async fn stop(self) -> (Vec<Stopped>, Vec<String>) {
+        let mut ended = finished(&self.tasks);
         let _ = self.stop.send(true);
         let until = Instant::now() + Duration::from_secs(60);
         let mut ids = Vec::new();
         for (id, t) in self.tasks {
             let left = until.saturating_duration_since(Instant::now());
-            if tokio::time::timeout(left, t).await.is_err() {
-                tracing::warn!("agent {id} did not stop within a minute");
+            match tokio::time::timeout(left, t).await {
+                Err(_) => tracing::error!("agent {id} did not stop within a minute"),
+                Ok(Err(e)) => {
+                    tracing::error!("agent {id}: {e}");
+                    if !ended.contains(&id) {
+                        ended.push(id.clone());
+                    }
+                }
+                Ok(Ok(())) => {}
             }
             ids.push(id);
         }
-        ids.into_iter()
+        let stopped = ids
+            .into_iter()
             .zip(self.buses)
             .map(|(id, (b, mut ledger))| (id, b.metrics(), ledger.take()))
-            .collect()
+            .collect();
+        (stopped, ended)
     }
+}
+
+/// An agent's id, bus counters and acknowledged outbox frames at its stop.
+pub(super) type Stopped = (String, MetricsSnapshot, Vec<(u32, Family)>);
+
+/// The names of the tasks that have ended.
+pub(super) fn finished<T>(tasks: &[(String, JoinHandle<T>)]) -> Vec<String> {
+    tasks
+        .iter()
+        .filter(|(_, t)| t.is_finished())
+        .map(|(id, _)| id.clone())
+        .collect()
 }
 
 /// Starts agent `id` on `rt` (or, `isolated`, on a thread and runtime of
@@ -188,4 +221,25 @@ fn agent_config(
             node_agent::config::load(None, &flags(first))
         })
         .map_err(|e| FleetError::Start(format!("agent {id}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_task_that_ended_is_named_and_one_still_running_is_not() {
+        let (_hold, mut held) = watch::channel(false);
+        let tasks = vec![
+            ("c1r0h0".to_string(), tokio::spawn(async {})),
+            (
+                "c1r0h1".to_string(),
+                tokio::spawn(async move {
+                    let _ = held.changed().await;
+                }),
+            ),
+        ];
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(finished(&tasks), vec!["c1r0h0".to_string()]);
+    }
 }

@@ -56,6 +56,8 @@ impl Ran {
             load_avg_start: self.load_start,
             load_avg_end: self.load_end,
             shortfall_cdus: plan.shortfall.len(),
+            agents_ended_early: self.agents_ended_early.clone(),
+            controllers_ended_early: self.controllers_ended_early.clone(),
             ..Default::default()
         };
         self.frames(&mut r, heard);

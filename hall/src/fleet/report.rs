@@ -140,6 +140,12 @@ pub struct FleetReport {
     pub caps_acked_p99_ms: Option<f64>,
     /// The same, the slowest, ms.
     pub caps_acked_max_ms: Option<f64>,
+    /// Agents that ended before the run told them to stop, or whose task
+    /// failed, by host id: what they would have published and
+    /// acknowledged is missing from every figure. The run fails.
+    pub agents_ended_early: Vec<String>,
+    /// The same of the cooling controllers, by CDU.
+    pub controllers_ended_early: Vec<String>,
     /// CPU of every host agent's threads over the run / wall time.
     pub agent_cpu_cores: f64,
     /// The agents' threads at the end.
@@ -182,6 +188,20 @@ impl FleetReport {
         s
     }
 
+    /// Whether every agent and controller ran until the run stopped it.
+    pub fn whole(&self) -> bool {
+        self.agents_ended_early.is_empty() && self.controllers_ended_early.is_empty()
+    }
+
+    /// The parts that ended early, for the summary and the error.
+    pub fn ended_early(&self) -> String {
+        format!(
+            "agents ended early: {}; controllers ended early: {}",
+            names(&self.agents_ended_early),
+            names(&self.controllers_ended_early)
+        )
+    }
+
     /// What the quarantine figures leave out, for the summary.
     fn quarantines_unaccounted(&self) -> String {
         match self.quarantined_before_injection {
@@ -202,7 +222,8 @@ impl FleetReport {
              XID -> quarantine: {}/{} quarantined{}, p50 {}, p99 {}, max {}\n\
              shortfall -> caps acked: {} CDUs, {}/{} hosts acked{}, p50 {}, p99 {}, max {}\n\
              agents: {:.2} cores, {} threads, {:.2} MiB RSS per host, flash in {}; started in {:.1} s\n\
-             load average {:.2} at the start, {:.2} at the end",
+             load average {:.2} at the start, {:.2} at the end\n\
+             {}",
             self.hosts,
             self.cdus,
             self.layout.join(" "),
@@ -238,7 +259,16 @@ impl FleetReport {
             self.agents_start_s,
             self.load_avg_start,
             self.load_avg_end,
+            self.ended_early(),
         )
+    }
+}
+
+/// `ids` joined, or `none`.
+fn names(ids: &[String]) -> String {
+    match ids {
+        [] => "none".into(),
+        _ => ids.join(" "),
     }
 }
 
@@ -260,5 +290,21 @@ mod tests {
         assert_eq!(percentile_ms(&v, 50.0), Some(20.0));
         assert_eq!(percentile_ms(&v, 99.0), Some(40.0));
         assert_eq!(percentile_ms(&[], 50.0), None);
+    }
+
+    #[test]
+    fn a_part_that_ended_early_makes_the_run_not_whole_and_is_named() {
+        let mut r = FleetReport::default();
+        assert!(r.whole());
+        assert!(r.summary().contains("agents ended early: none"));
+        r.agents_ended_early = vec!["c1r0h1".into()];
+        r.controllers_ended_early = vec!["cdu2".into()];
+        assert!(!r.whole());
+        assert!(
+            r.summary()
+                .contains("agents ended early: c1r0h1; controllers ended early: cdu2"),
+            "{}",
+            r.summary()
+        );
     }
 }
