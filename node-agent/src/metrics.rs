@@ -291,7 +291,8 @@ fn config_lost(
     };
     let mut waits: Vec<(&str, Option<u8>)> = Vec::new();
     waits.extend(c.waiting_for.iter().map(|&g| ("gpu_uuid", Some(g))));
-    waits.extend(c.phase_unknown.then_some(("cooling_phase", None)));
+    let phase = c.phase_unknown || c.phase_not_kept;
+    waits.extend(phase.then_some(("cooling_phase", None)));
     waits.extend(c.not_kept.iter().map(|&g| ("gpu_record", Some(g))));
     waits.extend(c.stays.is_some().then_some(("this_run", None)));
     waits.extend(c.clearing.then_some(("clear", None)));

@@ -109,6 +109,7 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
         "config_lost": snap.config_lost.as_ref().map(|c| json!({
             "waiting_for": c.waiting_for,
             "phase_unknown": c.phase_unknown,
+            "phase_not_kept": c.phase_not_kept,
             "not_kept": c.not_kept,
             "stays": c.stays,
             "clearing": c.clearing,

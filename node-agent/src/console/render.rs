@@ -267,6 +267,16 @@ fn config_lost_line(c: &Value) -> String {
     if c["phase_unknown"].as_bool() == Some(true) {
         waits.push("the CDU's word on the cooling-loss phase".into());
     }
+    if c["phase_not_kept"].as_bool() == Some(true) {
+        waits.push(
+            "the cooling-loss phase to be kept in flash (decided by the CDU's word, not handed \
+             to the flash: kept at its next change; see the log)"
+                .into(),
+        );
+    }
+    if waits.is_empty() {
+        waits.push("its clear to start (all it waited for is kept)".into());
+    }
     format!(
         "its lost mark waits for {}: until it clears, {restart}",
         waits.join(" and ")
@@ -559,6 +569,13 @@ mod tests {
             stays.contains("stays for this run") && stays.contains("GPU 2"),
             "{stays}"
         );
+        let phase = row(&json!({"config_lost": {"phase_not_kept": true}}));
+        assert!(
+            phase.contains("waits for the cooling-loss phase to be kept in flash"),
+            "{phase}"
+        );
+        let ready = row(&json!({"config_lost": {"waiting_for": [], "phase_unknown": false}}));
+        assert!(ready.contains("waits for its clear to start"), "{ready}");
         for cleared in [json!({"config_lost": null}), json!({})] {
             assert!(!render(&Request::Status, &cleared).contains("CONFIG LOST"));
         }

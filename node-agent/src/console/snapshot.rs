@@ -244,6 +244,9 @@ pub struct ConfigLost {
     pub waiting_for: Vec<u8>,
     /// The cooling-loss phase not known yet: the CDU's word decides it.
     pub phase_unknown: bool,
+    /// The cooling-loss phase known (the CDU's word decided it) but not
+    /// handed to the flash: kept at its next change.
+    pub phase_not_kept: bool,
     /// The GPUs whose records were not kept (their limits when they
     /// said their UUIDs, their health states): the mark stays for this
     /// run.

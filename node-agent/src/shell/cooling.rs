@@ -597,7 +597,7 @@ impl Agent {
         // The phase decided by the CDU's word is handed to the flash: a
         // lost mark waiting for it clears after it (not if not handed).
         if kept.is_some() {
-            self.clear_lost_mark_once_kept();
+            self.phase_kept_after_loss();
         }
         for mut job in jobs {
             // The runner takes jobs in order: the first waits for all.

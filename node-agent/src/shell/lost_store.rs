@@ -235,12 +235,14 @@ pub(super) async fn keep_after_loss(
         .filter_map(|&g| uuids.get(g as usize))
         .filter_map(|u| super::limits::unread_record(u))
         .collect();
+    let phase_kept = items.is_some();
     keep_recovered(recorder, refused_before, limits_unread, items).await?;
     Ok(PendingClear {
         refused_before,
         unkept,
         not_kept: Vec::new(),
         stays: None,
+        phase_kept,
     })
 }
 
@@ -276,6 +278,11 @@ pub(crate) struct PendingClear {
     /// Why the mark stays for this run whatever comes (what the start
     /// took back not kept: [`keep_after_loss`] failed), if it does.
     stays: Option<String>,
+    /// The cooling-loss phase handed to the flash: at the start where
+    /// known, else once the CDU's word decided it ([`Self::phase_kept`]);
+    /// a phase decided that could not be handed over waits for its next
+    /// change to be kept.
+    phase_kept: bool,
 }
 
 impl PendingClear {
@@ -284,6 +291,7 @@ impl PendingClear {
     /// start identified since, its records kept.
     pub(super) fn ready(&self, cooling_unknown: bool) -> bool {
         !cooling_unknown
+            && self.phase_kept
             && self.unkept.is_empty()
             && self.not_kept.is_empty()
             && self.stays.is_none()
@@ -297,7 +305,14 @@ impl PendingClear {
             unkept: Vec::new(),
             not_kept: Vec::new(),
             stays: Some(why),
+            phase_kept: false,
         }
+    }
+
+    /// The cooling-loss phase the CDU's word decided is handed to the
+    /// flash, in order before the mark's clear.
+    pub(super) fn phase_kept(&mut self) {
+        self.phase_kept = true;
     }
 
     /// What the clear still waits for, as the console and `/metrics`
@@ -306,6 +321,7 @@ impl PendingClear {
         crate::console::snapshot::ConfigLost {
             waiting_for: self.unkept.clone(),
             phase_unknown: cooling_unknown,
+            phase_not_kept: !cooling_unknown && !self.phase_kept,
             not_kept: self.not_kept.clone(),
             stays: self.stays.clone(),
             clearing: false,
@@ -490,6 +506,18 @@ impl super::Agent {
         tracing::error!(
             "the config store lost: GPU {gpu}: its health state not kept: {MARK_STAYS}"
         );
+    }
+
+    /// The cooling-loss record is handed to the flash (by
+    /// `super::cooling`): once the phase is known (the CDU's word decided
+    /// it), the lost mark pending waits for it no more, and clears if all
+    /// else is kept.
+    pub(super) fn phase_kept_after_loss(&mut self) {
+        let known = !self.node.cooling_unknown();
+        if let Some(pending) = self.lost_mark.as_mut().filter(|_| known) {
+            pending.phase_kept();
+        }
+        self.clear_lost_mark_once_kept();
     }
 
     /// Clears the store's lost mark, off the loop and in order after what
@@ -932,6 +960,29 @@ mod tests {
         });
     }
 
+    /// The CDU's word decided the phase the log could not tell, but it
+    /// could not be handed to the flash: the mark is not ready (a clear
+    /// would leave the next start reading the store intact with the phase
+    /// from before the loss) and the status says what it waits for; kept
+    /// at its next change, it is.
+    #[test]
+    fn a_phase_decided_but_not_kept_holds_the_mark_and_says_so() {
+        let mut pending = PendingClear {
+            refused_before: 0,
+            unkept: Vec::new(),
+            not_kept: Vec::new(),
+            stays: None,
+            phase_kept: false,
+        };
+        assert!(!pending.ready(true) && pending.view(true).phase_unknown);
+        assert!(!pending.ready(false), "the phase known, not kept");
+        let view = pending.view(false);
+        assert!(view.phase_not_kept && !view.phase_unknown, "{view:?}");
+        pending.phase_kept();
+        assert!(pending.ready(false));
+        assert_eq!(pending.view(false), Default::default());
+    }
+
     /// What a clean stop says of a mark still waiting for GPUs ends as
     /// the operator docs' messages table quotes it.
     #[test]
@@ -941,6 +992,7 @@ mod tests {
             unkept: vec![1],
             not_kept: vec![2],
             stays: None,
+            phase_kept: true,
         };
         let said = said_at_stop(&pending);
         assert_eq!(said.len(), 2, "{said:?}");
@@ -967,6 +1019,7 @@ mod tests {
             unkept: Vec::new(),
             not_kept: Vec::new(),
             stays: None,
+            phase_kept: true,
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -1035,6 +1088,7 @@ mod tests {
             unkept: vec![1],
             not_kept: Vec::new(),
             stays: None,
+            phase_kept: true,
         };
         const A: &str = "GPU-aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa";
         let found: Result<Option<()>, String> = Ok(None);
@@ -1076,6 +1130,7 @@ mod tests {
             unkept: Vec::new(),
             not_kept: Vec::new(),
             stays: None,
+            phase_kept: true,
         };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
