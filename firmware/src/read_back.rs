@@ -26,11 +26,12 @@
 //! taken (its write's answer the failure `… last read back word 0, not
 //! the word 1 written; not read back since: not taken`), so a lead pump
 //! the CDU was found not to run is not judged tripped on an echo, until
-//! a read-back reads it held. A CDU that refuses the read-back itself
-//! (exception 1 or 2: no function 3 on its holding registers) has its
-//! echo taken, and a write that failed (refused, unanswered, not sent)
-//! with no read-back to say otherwise is taken on a later echo: such a
-//! CDU would otherwise have its lead pump's trip never judged. The Linux
+//! a read-back reads it held, whatever failed the read-back: a CDU that
+//! answered it and then refuses it (exception 1 or 2) included. A write
+//! that failed (refused, unanswered, not sent) with no read-back to say
+//! otherwise is taken on a later echo: such a CDU (one that serves no
+//! function 3 on its holding registers, say) would otherwise have its
+//! lead pump's trip never judged. The Linux
 //! controller acts on these settings alike and differs in what it
 //! reports: a setting whose write failed, then taken on its echo alone,
 //! it reports not taken (degraded `cdu-writes-refused`) until a
@@ -53,7 +54,7 @@
 //! - *held*: the words a setting's registers read back.
 //! - *run*: contiguous holding registers read back in one request.
 //! - *unsure*: a setting whose write went in but whose run was not read
-//!   back (failed, or not asked) while the CDU serves the read-back.
+//!   back (failed, refused, or not asked).
 
 use core::fmt;
 
@@ -161,8 +162,7 @@ pub struct SafetyHeld {
     /// Read-backs that found a safety setting not held, since boot.
     pub not_held: u32,
     /// Read-back requests that failed or were not asked, since boot:
-    /// their settings taken on their echo, but for those in `unheld`
-    /// while the CDU serves the read-back.
+    /// their settings taken on their echo, but for those in `unheld`.
     pub unread: u32,
     /// The first failure of the last step whose read-back failed, while
     /// none has read back since.
@@ -363,8 +363,8 @@ fn next_run(rest: &[Written]) -> (usize, usize) {
 /// withholds the heartbeat from the next step. One not read back (its
 /// run failed or not asked) is taken on its echo, but for one last read
 /// back not held ([`SafetyHeld::unheld`]): that one stays not taken
-/// ([`StillNotHeld`]) unless the CDU refused the read-back itself
-/// (exception 1 or 2, [`not_served`]). Each read-back that failed is
+/// ([`StillNotHeld`]), a CDU that refuses the read-back itself
+/// (exception 1 or 2) included. Each read-back that failed is
 /// said on `console`. The outcome, and the change for the gateway's log.
 pub fn write_step<P: HoldingPort>(
     port: &mut P,
@@ -391,15 +391,12 @@ pub fn write_step<P: HoldingPort>(
             }
             Err(why) => why,
         };
-        let served = !not_served(&why);
         let mut unread = |run: &[Written]| {
             if run.is_empty() {
                 return;
             }
             held.unread = held.unread.wrapping_add(1);
-            if served {
-                unsure.extend(run.iter().map(|w| w.setting));
-            }
+            unsure.extend(run.iter().map(|w| w.setting));
         };
         // After a run the CDU did not answer, the later ones are not asked.
         let stops = !matches!(why, Unread::Port(RtuError::Refused { .. }));
@@ -408,7 +405,7 @@ pub fn write_step<P: HoldingPort>(
             unread(rest);
         }
         failed.get_or_insert(why);
-        let taken = |run| Taken { run, held, served };
+        let taken = |run| Taken { run, held };
         let _ = writeln!(console, "{why}: {}", taken(run));
         if stops {
             if !rest.is_empty() {
@@ -451,13 +448,6 @@ fn fail(outcome: &mut Outcome, s: Setting, why: &impl fmt::Display) {
     }
 }
 
-/// Whether a read-back failed as the CDU refusing to serve it at all
-/// (exception 1, illegal function, or 2, illegal data address): its
-/// settings' echo is all there is of them, and is taken.
-fn not_served(why: &Unread) -> bool {
-    matches!(why, Unread::Port(RtuError::Refused { code: 1 | 2, .. }))
-}
-
 /// A setting last read back not held whose read-back since failed or
 /// was not asked: not taken on its echo.
 struct StillNotHeld<'a>(&'a NotHeld);
@@ -478,18 +468,17 @@ impl fmt::Display for StillNotHeld<'_> {
 
 /// What becomes of the settings of a run not read back, as the console
 /// says it: taken on their echo, but for those last read back not held
-/// while the CDU serves the read-back (`served`).
+/// (whatever failed the read-back, a CDU refusing it included).
 struct Taken<'a> {
     run: &'a [Written],
     held: &'a SafetyHeld,
-    served: bool,
 }
 
 impl fmt::Display for Taken<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("taken as their write's echo said")?;
         let unheld = |w: &&Written| self.held.unheld.iter().any(|u| u.setting == w.setting);
-        if !self.served || !self.run.iter().any(|w| unheld(&w)) {
+        if !self.run.iter().any(|w| unheld(&w)) {
             return Ok(());
         }
         f.write_str(", but not")?;
@@ -1091,10 +1080,11 @@ mod tests {
     /// Lead pump A tripped: pump B to run and lead, the CDU echoes both
     /// writes but keeps A. The pumps stay not taken over steps whose
     /// read-back fails or is not asked (so B, never started, is not
-    /// judged tripped), until a read-back reads them held, or the CDU
-    /// refuses the read-back itself (exception 1 or 2: its echo is all
-    /// there is). A write refused, with no read-back to say otherwise,
-    /// is taken on a later echo whose read-back fails.
+    /// judged tripped), until a read-back reads them held: over a CDU
+    /// that answered the read-back and then refuses it (exception 1 or
+    /// 2) too, the heartbeat withheld. A write refused, with no
+    /// read-back to say otherwise, is taken on a later echo whose
+    /// read-back fails.
     #[test]
     fn a_setting_read_back_not_held_stays_not_taken_over_a_read_back_that_fails_or_is_not_asked() {
         let mut cdu = Cdu::new();
@@ -1132,11 +1122,23 @@ mod tests {
         let (o, _, _) = cdu.step(&b, &mut held);
         assert_eq!(not_taken(&o), [true, true]);
         assert!(held.withholds());
-        // A CDU that serves no function 3: the echo is taken.
+        // A CDU that answered the read-back refuses it now (exception 1
+        // or 2): still not taken, the heartbeat withheld, the refusal
+        // said.
         cdu.budget = 100;
-        cdu.refuses = Some(1);
-        let (o, _, _) = cdu.step(&b, &mut held);
-        assert!(o.taken().pumps, "{:?}", o.tried);
+        for code in [1, 2] {
+            cdu.refuses = Some(code);
+            let (o, _, console) = cdu.step(&b, &mut held);
+            assert_eq!(not_taken(&o), [true, true], "{:?} {console}", o.tried);
+            assert!(!o.taken().pumps && held.withholds(), "{:?}", o.tried);
+            let beat = why(&o, Setting::Heartbeat).unwrap_or_default();
+            assert!(beat.starts_with("withheld"), "{beat}");
+            assert!(
+                console.contains(&std::format!("exception {code}"))
+                    && console.contains("but not lead_pump pumps_run (last read back not held)"),
+                "{console}"
+            );
+        }
         // Read back held: taken, the heartbeat back from the next step.
         cdu.refuses = None;
         cdu.ignores.clear();

@@ -54,7 +54,8 @@ struct BoardErrors {
 
 /// Whether a read-back failed as the CDU refusing to serve it at all
 /// (exception 1, illegal function, or 2, illegal data address): its
-/// settings' echo is all there is of them, and is taken.
+/// settings' echo is all there is of them, and is taken, but for one last
+/// read back not held (the read-back refuted its echo).
 fn not_served(e: &crate::modbus::CduError) -> bool {
     matches!(e.refused_code(), Some(1 | 2))
 }
@@ -93,8 +94,11 @@ pub(super) struct Devices<P> {
     /// read back held, or needs no read-back (the heartbeat; a CDU that
     /// does not serve the read-back, exception 1 or 2, for one not read
     /// back not held). Until then a read-back of it that fails leaves it
-    /// not taken: its echo alone does not say the CDU takes it again. A
-    /// safety setting read back not held holds the heartbeat back.
+    /// not taken: its echo alone does not say the CDU takes it again; one
+    /// read back not held stays not taken, for the decision path too,
+    /// over any read-back that fails, one refused by exception 1 or 2
+    /// included. A safety setting read back not held holds the heartbeat
+    /// back.
     not_taken: Vec<NotTaken>,
     board_errors: BoardErrors,
     /// When the CDU last answered a read.
@@ -245,7 +249,11 @@ impl<P: CduPort> Devices<P> {
         }
         self.judge_taken(&outcome);
         self.judge_writes(first, stats);
-        stats.heartbeat_held = beat_held;
+        // A read-back failing (refused) since is said with it.
+        stats.heartbeat_held = beat_held.map(|why| match &self.read_back_error.0 {
+            Some(e) => format!("{why}; not read back since: {e}"),
+            None => why,
+        });
         // What the mode's next reason reads: the heartbeat held back this
         // step (its write failed) or from the next step on, known now, so
         // the mode names it from the step that found it to the step that
@@ -346,12 +354,13 @@ impl<P: CduPort> Devices<P> {
     /// The setting `s`, not taken before, whose read-back failed (`e`;
     /// `served`: not a CDU refusing to serve the read-back at all).
     /// One last read back holding another value stays not taken, for the
-    /// decision path too, unless the CDU serves no read-back at all: its
-    /// echo says nothing the read-back did not refute (a pump handover
-    /// the CDU echoed but never ran is not judged a trip). Any other is
-    /// taken on its echo (what the decision path acts on) but not known
-    /// taken ([`Outcome::unsure`]), unless the CDU serves no read-back at
-    /// all. The heartbeat is never read back (its echo is checked).
+    /// decision path too, over any read-back that fails, one the CDU
+    /// refuses (exception 1 or 2) included, and is said so: its echo says
+    /// nothing the read-back did not refute (a pump handover the CDU
+    /// echoed but never ran is not judged a trip). Any other is taken on
+    /// its echo (what the decision path acts on) but not known taken
+    /// ([`Outcome::unsure`]), unless the CDU serves no read-back at all.
+    /// The heartbeat is never read back (its echo is checked).
     fn judge_unread(
         &self,
         s: Setting,
@@ -369,8 +378,8 @@ impl<P: CduPort> Devices<P> {
                 true,
             ),
             (Some(held), false) => (
-                format!("last read back not held ({held}); the CDU serves no read-back: {e}"),
-                false,
+                format!("last read back not held ({held}); the CDU refuses the read-back: {e}"),
+                true,
             ),
             (None, false) => return,
             (None, true) => (
@@ -507,14 +516,34 @@ impl<P: CduPort> Devices<P> {
         let msg: Vec<String> = unread.iter().map(|(_, e)| e.to_string()).collect();
         let msg = msg.join("; ");
         if self.read_back_error.failed(msg.clone()) {
-            let names: Vec<&str> = unread
-                .iter()
-                .flat_map(|(s, _)| s.iter().map(|s| s.register()))
-                .collect();
-            tracing::warn!(
-                "cooling shell: reading back the CDU's settings: {msg}: {} taken as their \
-                 write's echo said; whether the CDU holds them is not known",
+            let unheld = |s: &Setting| self.not_taken(*s).is_some_and(|t| t.not_held.is_some());
+            let settings = unread.iter().flat_map(|(s, _)| s.iter());
+            let (unheld, echoed): (Vec<&Setting>, Vec<&Setting>) =
+                settings.partition(|s| unheld(s));
+            let names = |s: Vec<&Setting>| {
+                let names: Vec<&str> = s.iter().map(|s| s.register()).collect();
                 names.join(", ")
+            };
+            let refused = unread.iter().any(|(_, e)| not_served(e));
+            let mut fates = Vec::new();
+            if !echoed.is_empty() {
+                fates.push(format!(
+                    "{} taken as their write's echo said; whether the CDU holds them is not \
+                     known",
+                    names(echoed)
+                ));
+            }
+            if !unheld.is_empty() {
+                fates.push(format!(
+                    "{} last read back not held: not taken (a safety one holds the heartbeat \
+                     back) until a read-back reads it held",
+                    names(unheld)
+                ));
+            }
+            let what = if refused { "refused" } else { "failed" };
+            tracing::warn!(
+                "cooling shell: reading back the CDU's settings ({what}): {msg}: {}",
+                fates.join("; ")
             );
         }
     }
@@ -613,6 +642,8 @@ mod fallback;
 mod held_reason;
 #[cfg(test)]
 mod never_read_back;
+#[cfg(test)]
+mod refused_read_back;
 
 #[cfg(test)]
 mod tests {
@@ -1110,15 +1141,18 @@ mod tests {
         assert!(busy[2].2.is_none(), "read back held: its end said");
         // A CDU that stops serving the read-back (exception 1) says
         // nothing new of a setting it was read holding another value of:
-        // still reported not taken (taken on its echo), until read held.
+        // still not taken (not on its echo either), until read held, and
+        // the refusal said.
         let not_served = steps(1);
         assert_eq!(
             not_served.iter().map(|s| (s.0, s.1)).collect::<Vec<_>>(),
-            [(false, false), (true, false), (true, true)]
+            [(false, false), (false, false), (true, true)]
         );
         let said = not_served[1].2.as_deref().unwrap_or_default();
         assert!(
-            said.contains("last read back not held") && said.contains("exception 1"),
+            said.contains("last read back not held")
+                && said.contains("refuses the read-back")
+                && said.contains("exception 1"),
             "{said}"
         );
     }
