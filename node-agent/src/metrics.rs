@@ -916,12 +916,15 @@ mod tests {
         assert!(text(&g).contains("DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX{"));
     }
 
-    /// A GPU whose description failed at start has the board's figures
-    /// for its limits: not shown as the GPU's.
+    /// A GPU whose description failed at start has no limit NVML gave
+    /// (the board's figures guard it): none shown as the GPU's.
     #[test]
     fn the_limits_of_a_gpu_never_described_are_not_exported_as_its_own() {
         let mut g = view();
         g.info.uuid = "unknown".into();
+        g.info.default_limit = crate::nvml::UNREAD_LIMIT;
+        g.info.min_limit = crate::nvml::UNREAD_LIMIT;
+        g.info.max_limit = crate::nvml::UNREAD_LIMIT;
         g.responsive = false;
         let t = text(&g);
         for field in ["MIN", "MAX", "DEF"] {

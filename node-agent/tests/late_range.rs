@@ -102,6 +102,10 @@ fn a_gpu_identified_late_takes_the_range_its_description_gives() {
     }
     assert_eq!(caps["gpus"][1]["min"], LOWEST.0, "{caps}");
     assert_eq!(caps["gpus"][0]["min"], 200, "{caps}");
+    // Its default limit is the one its late description gave (none was
+    // read at the start: the board's stood in, not shown as its own).
+    let tdp = board.power.tdp_w.0;
+    assert_eq!(caps["gpus"][1]["default"], tdp, "{caps}");
 
     let ack = rig.ack(&mut sub, &lease(1, 1, &[(GpuSelector::All, 250)], 60_000));
     assert_eq!(ack.code, AckCode::Clamped, "{}", ack.detail.as_str());

@@ -327,7 +327,9 @@ fn caps_view(snap: &Snapshot, now: TimestampMs) -> Value {
                 "min": g.range.min.0,
                 "max": g.range.max.0,
                 "ceiling": g.ceiling.0,
-                "default": g.info.default_limit.0,
+                // null where NVML did not give it (the board's stands in).
+                "default": (g.info.default_limit != crate::nvml::UNREAD_LIMIT)
+                    .then_some(g.info.default_limit.0),
                 "guard": g.guard_cap.map(|w| w.0),
             })
         })

@@ -11,7 +11,9 @@
 //! one this GPU answered "not supported" for or does not know (ECC off
 //! comes as its ECC groups not known, so no `DCGM_FI_DEV_ECC_*` series
 //! reads 0 errors for it), and nothing for a GPU whose last sample did
-//! not answer.
+//! not answer. The power limits of the GPU's description are written
+//! only as NVML gave them: one it did not give is left out, never shown
+//! as the board's figure the agent guards the GPU with.
 //!
 //! Glossary:
 //! - *DCGM field*: a named reading of NVIDIA's Data Center GPU Manager
@@ -20,10 +22,11 @@
 //!   (formerly "throttle reasons"), written with NVML's bit values.
 
 use loopwarden_bus::prometheus::{Exposition, Metric};
-use loopwarden_protocol::{GpuFlags, ThrottleReasons, Unsupported};
+use loopwarden_protocol::{GpuFlags, ThrottleReasons, Unsupported, Watts};
 
 use crate::console::GpuView;
 use crate::gpu::GpuSample;
+use crate::nvml::UNREAD_LIMIT;
 
 /// One exported field: the metric, the sample field it needs supported
 /// (empty: none), and where its value comes from.
@@ -146,21 +149,21 @@ const FIELDS: &[Field] = &[
             "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN",
             "Minimum power management limit (in W).",
         ),
-        |g| described(g).then(|| g.info.min_limit.0.into()),
+        |g| read(g.info.min_limit),
     ),
     gpu_field(
         M::gauge(
             "DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX",
             "Maximum power management limit (in W).",
         ),
-        |g| described(g).then(|| g.info.max_limit.0.into()),
+        |g| read(g.info.max_limit),
     ),
     gpu_field(
         M::gauge(
             "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF",
             "Default power management limit (in W).",
         ),
-        |g| described(g).then(|| g.info.default_limit.0.into()),
+        |g| read(g.info.default_limit),
     ),
     field(
         M::gauge(
@@ -284,11 +287,11 @@ const FIELDS: &[Field] = &[
     ),
 ];
 
-/// Whether GPU `g` was described by the GPU itself: its limits were read
-/// from it, not taken from the board's figures (a GPU that did not answer
-/// at start), which are not shown as the GPU's.
-fn described(g: &GpuView) -> bool {
-    g.info.uuid != crate::shell::UNKNOWN_UUID
+/// A limit of the GPU's description, only where NVML gave it: one not
+/// read ([`UNREAD_LIMIT`]) is left out, never shown as the board's figure
+/// the agent guards it with.
+fn read(limit: Watts) -> Option<f64> {
+    (limit != UNREAD_LIMIT).then(|| limit.0.into())
 }
 
 /// Writes every DCGM field of GPU `g`, with `labels`: those of its last

@@ -104,6 +104,17 @@ impl Agent {
     async fn identified(&mut self, gpu: u8, info: GpuInfo) {
         let range = range_of(&info, &self.config);
         let g = &mut self.gpus[gpu as usize];
+        // Each limit NVML gives now is the GPU's own figure (kept apart
+        // from its range, the board's within); one still unread stays so.
+        for (kept, now) in [
+            (&mut g.info.default_limit, info.default_limit),
+            (&mut g.info.min_limit, info.min_limit),
+            (&mut g.info.max_limit, info.max_limit),
+        ] {
+            if now != UNREAD_LIMIT {
+                *kept = now;
+            }
+        }
         g.info.uuid = info.uuid;
         g.info.name = info.name;
         let uuid = g.info.uuid.clone();
@@ -154,13 +165,13 @@ impl Agent {
     }
 
     /// The ranges learned by `results`' sets ([`range_now`]) are their
-    /// GPUs' from now on (the node takes them with the results).
+    /// GPUs' from now on (the node takes them with the results). The
+    /// range is the board's within NVML's: the GPU's own limits (its
+    /// description's) are not overwritten with it.
     pub(super) fn took_ranges(&mut self, results: &[LimitResult]) {
         for res in results {
             if let (Some(range), Some(g)) = (res.range, self.gpus.get_mut(res.gpu as usize)) {
                 g.range = range;
-                g.info.min_limit = range.min;
-                g.info.max_limit = range.max;
             }
         }
     }
@@ -168,10 +179,7 @@ impl Agent {
     /// GPU `gpu` gave its range (a late description): it is the GPU's
     /// from now on, the node's too.
     async fn took_range(&mut self, gpu: u8, range: GpuRange) {
-        let g = &mut self.gpus[gpu as usize];
-        g.range = range;
-        g.info.min_limit = range.min;
-        g.info.max_limit = range.max;
+        self.gpus[gpu as usize].range = range;
         let effects = self.node.set_range(gpu, range);
         self.carry_out(self.now(), effects, None).await;
     }

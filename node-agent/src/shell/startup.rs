@@ -73,20 +73,22 @@ pub(super) async fn gpus(
         futures::future::join_all(workers.iter().map(|w| w.describe(describe_deadline))).await;
     let mut gpus = Vec::new();
     for (w, described) in workers.iter().zip(described) {
+        // NVML's figures, each [`UNREAD_LIMIT`] where not read: the
+        // board's stand in for them only where the agent needs a figure
+        // (the range, the default), never in what is shown as the GPU's.
         let info = match described {
-            Ok(info) => with_board_limits(info, config),
+            Ok(info) => info,
             Err(e) => {
                 tracing::error!(
                     "GPU {}: cannot read its identity and limits ({e}); using the board's (its UUID is asked again while it answers)",
                     w.index()
                 );
-                let p = &config.board.power;
                 GpuInfo {
                     name: config.board.model.clone(),
                     uuid: UNKNOWN_UUID.into(),
-                    default_limit: p.tdp_w,
-                    min_limit: p.min_cap_w,
-                    max_limit: p.max_cap_w,
+                    default_limit: UNREAD_LIMIT,
+                    min_limit: UNREAD_LIMIT,
+                    max_limit: UNREAD_LIMIT,
                     persistence: None,
                 }
             }
@@ -95,14 +97,18 @@ pub(super) async fn gpus(
         // What it can be set to, within the board's range, as for a
         // range learned later. Its ceiling (the limit it runs at
         // uncapped) is the node's: the limit found on it, within any
-        // site limit. Never `None`: the board's figures (never 0 W) stood
-        // in for any limit unread.
+        // site limit. The board's range where NVML gave none.
         let board = &config.board.power;
         let range = super::identify::range_of(&info, config).unwrap_or(GpuRange {
             min: board.min_cap_w,
             max: board.max_cap_w,
         });
-        say_range(config, w.index(), &info, range.min);
+        say_range(
+            config,
+            w.index(),
+            &with_board_limits(&info, config),
+            range.min,
+        );
         gpus.push(GpuState {
             range,
             info,
@@ -225,16 +231,25 @@ fn say_range(config: &Config, gpu: u8, info: &GpuInfo, min: Watts) {
 }
 
 /// `info` with the board's figure for each power limit the GPU could not
-/// read ([`UNREAD_LIMIT`]; the GPU said which, and why): its name and
-/// UUID are kept.
-fn with_board_limits(info: GpuInfo, config: &Config) -> GpuInfo {
+/// read ([`UNREAD_LIMIT`]; the GPU said which, and why), for what the
+/// start says and decides; never kept as the GPU's own figures.
+fn with_board_limits(info: &GpuInfo, config: &Config) -> GpuInfo {
     let p = &config.board.power;
-    let or = |read: Watts, board: Watts| if read == UNREAD_LIMIT { board } else { read };
     GpuInfo {
-        default_limit: or(info.default_limit, p.tdp_w),
-        min_limit: or(info.min_limit, p.min_cap_w),
-        max_limit: or(info.max_limit, p.max_cap_w),
-        ..info
+        default_limit: or_board(info.default_limit, p.tdp_w),
+        min_limit: or_board(info.min_limit, p.min_cap_w),
+        max_limit: or_board(info.max_limit, p.max_cap_w),
+        ..info.clone()
+    }
+}
+
+/// The limit `read`, or the board's figure `board` where NVML did not
+/// give it ([`UNREAD_LIMIT`]).
+fn or_board(read: Watts, board: Watts) -> Watts {
+    if read == UNREAD_LIMIT {
+        board
+    } else {
+        read
     }
 }
 
@@ -272,7 +287,7 @@ pub(super) fn node(config: &Config, gpus: &[GpuState], started: TimestampMs) -> 
             .iter()
             .map(|g| GpuSetup {
                 range: g.range,
-                default_limit: g.info.default_limit,
+                default_limit: or_board(g.info.default_limit, config.board.power.tdp_w),
                 site_limit: config.site_limit,
             })
             .collect(),
@@ -1039,8 +1054,8 @@ mod tests {
         assert_eq!((a.info.uuid.as_str(), a.info.name.as_str()), (A, "twin"));
         assert_eq!(
             (a.info.default_limit, a.info.min_limit, a.info.max_limit),
-            (p.tdp_w, p.min_cap_w, p.max_cap_w),
-            "the board's, for each limit not read"
+            (UNREAD_LIMIT, UNREAD_LIMIT, UNREAD_LIMIT),
+            "NVML's, none read"
         );
         assert_eq!(
             a.range,
@@ -1056,6 +1071,47 @@ mod tests {
         let undone = rt.block_on(kept);
         assert_eq!(node.health().status(2).unwrap().state, Quarantined);
         assert_eq!(undone.unreadable, Vec::<u8>::new());
+    }
+
+    /// The DCGM limit series of GPU `g` as found at the start.
+    fn limit_series(g: &GpuState) -> String {
+        let mut view = crate::console::snapshot::test_view();
+        view.info = g.info.clone();
+        view.range = g.range;
+        let mut out = loopwarden_bus::prometheus::Exposition::new();
+        crate::metrics::dcgm::write(&mut out, &view, &[("gpu", "0")]);
+        let text = out.finish();
+        text.lines()
+            .filter(|l| l.starts_with("DCGM_FI_DEV_POWER_MGMT_LIMIT_"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// A GPU that says its UUID but not its limits is guarded within the
+    /// board's figures, and those are never exported as the GPU's own: no
+    /// DCGM limit series for a limit NVML did not give; each given is.
+    #[test]
+    fn the_limits_a_gpu_did_not_give_are_not_exported_as_its_own() {
+        let config = config();
+        let unread = GpuInfo {
+            default_limit: UNREAD_LIMIT,
+            min_limit: UNREAD_LIMIT,
+            max_limit: UNREAD_LIMIT,
+            ..gpu(A).info
+        };
+        let partly = GpuInfo {
+            default_limit: Watts(650),
+            ..unread.clone()
+        };
+        let found = described(&config, vec![unread, partly, gpu(B).info]).expect("GPUs");
+        assert_eq!(found[0].info.uuid, A);
+        assert_eq!(limit_series(&found[0]), "", "none read");
+        assert_eq!(
+            limit_series(&found[1]),
+            "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF{gpu=\"0\"} 650",
+            "only the default read"
+        );
+        assert_eq!(limit_series(&found[2]).lines().count(), 3, "all read");
     }
 
     /// A real host's configuration, with `more`.
