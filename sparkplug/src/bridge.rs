@@ -23,6 +23,8 @@
 //!   or 1.5 × the gap between its states) gives DDEATH, counted in
 //!   `bridge/devices_silent`; its next frame births it again, its pace
 //!   kept;
+//! - an NCMD the broker kept retained is refused (counted in
+//!   `bridge/commands_refused`): it would come again at every connection;
 //! - NCMD `Node Control/Rebirth` true: NBIRTH and every DBIRTH again, at
 //!   most once per [`REBIRTH_EVERY_MS`]: a request sooner than that waits
 //!   for the end of the window and is carried out then, once, however
@@ -242,6 +244,10 @@ pub enum Input {
     LoopwardenConnected(bool),
     /// An NCMD payload for this edge node.
     Command(Vec<u8>),
+    /// An NCMD payload the broker kept retained: refused, as Sparkplug
+    /// NCMDs are never retained and the broker would hand it over again
+    /// at every connection.
+    RetainedCommand(Vec<u8>),
     /// This many publishes could not be queued by the shell.
     Dropped(u64),
     /// Time passes (about once a second).
@@ -389,6 +395,7 @@ impl Bridge {
             Input::Frame(topic, frame) => self.frame(now, &topic, frame),
             Input::LoopwardenConnected(up) => self.loopwarden(now.wall, up),
             Input::Command(bytes) => self.command(now, &bytes),
+            Input::RetainedCommand(bytes) => self.retained_command(&bytes),
             Input::Dropped(n) => {
                 self.dropped(now.mono, n);
                 Vec::new()

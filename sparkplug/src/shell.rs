@@ -103,8 +103,8 @@ pub struct Options {
 enum SparkplugEvent {
     /// Connected and subscribed to NCMD.
     Subscribed,
-    /// An NCMD payload.
-    Command(Vec<u8>),
+    /// An NCMD payload, and whether the broker kept it retained.
+    Command(Vec<u8>, bool),
     /// A QoS 1 publish was acknowledged (the NDEATH at stop).
     Acked,
     /// The connection failed or was lost: send the next attempt's options.
@@ -172,7 +172,7 @@ async fn drive_sparkplug(
                 SparkplugEvent::Subscribed
             }
             Ok(Event::Incoming(Packet::Publish(p))) if p.topic == ncmd => {
-                SparkplugEvent::Command(p.payload.to_vec())
+                SparkplugEvent::Command(p.payload.to_vec(), p.retain)
             }
             Ok(Event::Incoming(Packet::PubAck(_))) => SparkplugEvent::Acked,
             Ok(Event::Outgoing(Outgoing::Disconnect)) => {
@@ -458,7 +458,10 @@ impl Shell {
                 out.extend(self.core.step(now, Input::Connected));
                 out
             }
-            SparkplugEvent::Command(bytes) => self.core.step(now, Input::Command(bytes)),
+            SparkplugEvent::Command(bytes, false) => self.core.step(now, Input::Command(bytes)),
+            SparkplugEvent::Command(bytes, true) => {
+                self.core.step(now, Input::RetainedCommand(bytes))
+            }
             SparkplugEvent::Acked | SparkplugEvent::Disconnected => Vec::new(),
             SparkplugEvent::Lost(why) => {
                 let broker = self.link.brokers.get(self.broker);

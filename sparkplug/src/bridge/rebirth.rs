@@ -32,6 +32,25 @@ impl Bridge {
         Vec::new()
     }
 
+    /// An NCMD the broker kept retained: Sparkplug NCMDs are never
+    /// retained, and the broker hands one over at every subscription, so
+    /// taking it would send a second round of births at every connection
+    /// (whose own births already answer it). Refused, saying how to clear it.
+    pub(super) fn retained_command(&mut self, bytes: &[u8]) -> Vec<Publish> {
+        let c = &self.config;
+        let why = format!(
+            "retained NCMD ({} bytes): Sparkplug NCMDs are never retained, and the broker \
+             hands it over at every connection; clear it with an empty retained publish to \
+             spBv1.0/{}/NCMD/{}",
+            bytes.len(),
+            c.group,
+            c.edge_node
+        );
+        self.counters.commands_refused += 1;
+        self.notify(Notice::CommandRefused { why });
+        Vec::new()
+    }
+
     /// When a rebirth asked at `now` (monotonic) may go out, if not now:
     /// the last one plus [`REBIRTH_EVERY_MS`]. A time before the last one
     /// does not hold a request back.

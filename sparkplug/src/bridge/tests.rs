@@ -603,6 +603,7 @@ fn any_input() -> impl Strategy<Value = Input> {
         1 => Just(Input::ConnectionLost),
         1 => Just(Input::Tick),
         1 => Just(Input::Command(rebirth_command())),
+        1 => Just(Input::RetainedCommand(rebirth_command())),
         1 => Just(Input::Dropped(1)),
         1 => (0u64..4).prop_map(Input::InboundDropped),
         1 => any::<bool>().prop_map(Input::LoopwardenConnected),

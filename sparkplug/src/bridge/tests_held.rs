@@ -335,6 +335,34 @@ fn a_rebirth_held_back_stops_data_until_its_births() {
 }
 
 #[test]
+fn a_retained_ncmd_is_refused_and_says_how_to_clear_it() {
+    let mut b = bridge();
+    connected(&mut b);
+    b.step(T, host_telemetry("h07", 61));
+    // The broker hands a retained NCMD over at every subscription: were it
+    // taken, every connection would send a second round of births.
+    let out = b.step(T + 6_000, Input::RetainedCommand(rebirth_command()));
+    assert!(out.is_empty(), "no births: {:?}", kinds(&out));
+    let notices = b.take_notices();
+    let [Notice::CommandRefused { why }] = &notices[..] else {
+        panic!("{notices:?}")
+    };
+    assert!(why.contains("retained"), "{why}");
+    assert!(
+        why.contains("empty retained publish to spBv1.0/hall-1/NCMD/loopwarden"),
+        "{why}"
+    );
+    let out = b.step(T + 10_000, Input::Tick);
+    assert_eq!(
+        metric(&body(&out[0]), "bridge/commands_refused"),
+        Some(MetricValue::Long(1))
+    );
+    // The same request, not retained, is a rebirth.
+    let out = b.step(T + 11_000, Input::Command(rebirth_command()));
+    assert_eq!(kinds(&out)[0], (Kind::NBirth, None));
+}
+
+#[test]
 fn a_refused_command_is_said_with_why_and_one_outside_a_session_is_counted() {
     let mut b = bridge();
     b.step(T, Input::Command(rebirth_command()));
