@@ -25,6 +25,8 @@
 //!   kept;
 //! - an NCMD the broker kept retained is refused (counted in
 //!   `bridge/commands_refused`): it would come again at every connection;
+//! - a refused NCMD subscription is said (`bridge/ncmd_refused` in the
+//!   NBIRTH, an error in the log): no rebirth request can reach the bridge;
 //! - NCMD `Node Control/Rebirth` true: NBIRTH and every DBIRTH again, at
 //!   most once per [`REBIRTH_EVERY_MS`]: a request sooner than that waits
 //!   for the end of the window and is carried out then, once, however
@@ -129,6 +131,12 @@ pub enum Notice {
     CommandRefused {
         /// Why.
         why: String,
+    },
+    /// The broker refused the NCMD subscription (`bridge/ncmd_refused`):
+    /// this identity may not use Sparkplug's topics on this broker.
+    NcmdRefused {
+        /// The NCMD topic.
+        topic: String,
     },
     /// A Loopwarden frame was refused (counted in `bridge/frames_refused`).
     FrameRefused {
@@ -236,6 +244,8 @@ pub struct Publish {
 pub enum Input {
     /// The Sparkplug connection is up and subscribed to NCMD.
     Connected,
+    /// The broker refused the NCMD subscription (given before `Connected`).
+    NcmdRefused,
     /// The Sparkplug connection was lost.
     ConnectionLost,
     /// A frame from the Loopwarden bus, with the topic it came on.
@@ -281,6 +291,8 @@ struct Counters {
     devices_silent: u64,
     frames_dropped_inbound: u64,
     loopwarden_connected: bool,
+    /// The broker refused this connection's NCMD subscription.
+    ncmd_refused: bool,
 }
 
 /// The bridge core.
@@ -364,6 +376,7 @@ impl Bridge {
     pub fn connecting(&mut self, now: u64) -> Publish {
         self.bd_seq = Some(self.bd_seq.map_or(0, |b| b.wrapping_add(1)));
         self.session = false;
+        self.counters.ncmd_refused = false;
         self.ndeath(now)
     }
 
@@ -388,6 +401,7 @@ impl Bridge {
         let now: Now = now.into();
         match input {
             Input::Connected => self.births(now),
+            Input::NcmdRefused => self.ncmd_refused(),
             Input::ConnectionLost => {
                 self.end_session();
                 Vec::new()
@@ -479,6 +493,11 @@ impl Bridge {
                 "bridge/loopwarden_connected",
                 DataType::Boolean,
                 Value::Boolean(c.loopwarden_connected),
+            ),
+            point(
+                "bridge/ncmd_refused",
+                DataType::Boolean,
+                Value::Boolean(c.ncmd_refused),
             ),
             point(
                 "bridge/devices_online",

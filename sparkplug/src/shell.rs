@@ -26,7 +26,7 @@ use loopwarden_protocol::{Family, Ident, NodeId, Role};
 use rand::SeedableRng;
 use rumqttc::{AsyncClient, Event, EventLoop, LastWill, MqttOptions, Outgoing, Packet, QoS};
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::bridge::{Bridge, BridgeConfig, Input, Notice, Now, Publish, REBIRTH_EVERY_MS};
 
@@ -101,8 +101,11 @@ pub struct Options {
 /// What the Sparkplug client's task reports.
 #[derive(Debug)]
 enum SparkplugEvent {
-    /// Connected and subscribed to NCMD.
-    Subscribed,
+    /// Connected, and the NCMD subscription answered: refused or not.
+    Subscribed {
+        /// The broker refused it.
+        ncmd_refused: bool,
+    },
     /// An NCMD payload, and whether the broker kept it retained.
     Command(Vec<u8>, bool),
     /// A QoS 1 publish was acknowledged (the NDEATH at stop).
@@ -162,15 +165,9 @@ async fn drive_sparkplug(
                 }
                 continue;
             }
-            Ok(Event::Incoming(Packet::SubAck(ack))) => {
-                if ack
-                    .return_codes
-                    .contains(&rumqttc::SubscribeReasonCode::Failure)
-                {
-                    warn!(topic = %ncmd, "the broker refused the NCMD subscription: rebirth requests will not reach the bridge");
-                }
-                SparkplugEvent::Subscribed
-            }
+            Ok(Event::Incoming(Packet::SubAck(ack))) => SparkplugEvent::Subscribed {
+                ncmd_refused: (ack.return_codes).contains(&rumqttc::SubscribeReasonCode::Failure),
+            },
             Ok(Event::Incoming(Packet::Publish(p))) if p.topic == ncmd => {
                 SparkplugEvent::Command(p.payload.to_vec(), p.retain)
             }
@@ -336,6 +333,15 @@ fn log_notices(core: &mut Bridge, limit: &mut LogLimit, now: u64) {
                 "the Loopwarden client dropped frames it could not queue: every device dies and \
                  is born again as heard (bridge/frames_dropped_inbound)"
             ),
+            Notice::NcmdRefused { topic } => error!(
+                %topic,
+                "the Sparkplug broker refused the NCMD subscription: this identity may not use \
+                 spBv1.0 topics on this broker, so no rebirth request reaches the bridge, and an \
+                 ACL that refuses it likely drops its births, data and NDEATH too, unseen \
+                 (bridge/ncmd_refused). Give it the rules of docs/sparkplug.md section 6 (a \
+                 site's reader certificate has none) or publish on another broker \
+                 (--sparkplug-broker)"
+            ),
             Notice::NoticesLost { count } => warn!(
                 not_logged = count,
                 "more notices at once than the bridge keeps for the log: these were not logged \
@@ -450,11 +456,15 @@ impl Shell {
     async fn on_event(&mut self, event: SparkplugEvent, loopwarden_up: bool) -> Vec<Publish> {
         let now = now();
         match event {
-            SparkplugEvent::Subscribed => {
+            SparkplugEvent::Subscribed { ncmd_refused } => {
                 let broker = self.link.brokers.get(self.broker);
-                info!(%broker, bd_seq = ?self.core.bd_seq(), "Sparkplug session up: births");
-                // The birth says whether the Loopwarden bus is up now.
+                info!(%broker, bd_seq = ?self.core.bd_seq(), ncmd_refused, "Sparkplug session up: births");
+                // The birth says whether the Loopwarden bus is up now, and
+                // whether the NCMD subscription was refused.
                 let mut out = self.loopwarden(now, loopwarden_up);
+                if ncmd_refused {
+                    out.extend(self.core.step(now, Input::NcmdRefused));
+                }
                 out.extend(self.core.step(now, Input::Connected));
                 out
             }

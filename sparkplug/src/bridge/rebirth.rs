@@ -51,6 +51,17 @@ impl Bridge {
         Vec::new()
     }
 
+    /// The broker refused the NCMD subscription of the connection being
+    /// made (before its `Connected`): its NBIRTH says so, and the shell
+    /// logs it as an error, as the broker's ACL likely drops the births too.
+    pub(super) fn ncmd_refused(&mut self) -> Vec<Publish> {
+        self.counters.ncmd_refused = true;
+        let c = &self.config;
+        let topic = format!("spBv1.0/{}/NCMD/{}", c.group, c.edge_node);
+        self.notify(Notice::NcmdRefused { topic });
+        Vec::new()
+    }
+
     /// When a rebirth asked at `now` (monotonic) may go out, if not now:
     /// the last one plus [`REBIRTH_EVERY_MS`]. A time before the last one
     /// does not hold a request back.

@@ -457,6 +457,31 @@ fn a_clock_set_back_or_a_new_session_does_not_hold_a_rebirth_back() {
 }
 
 #[test]
+fn a_refused_ncmd_subscription_is_said_and_shown_in_the_birth() {
+    let mut b = bridge();
+    b.connecting(T);
+    b.step(T, Input::NcmdRefused);
+    let out = b.step(T, Input::Connected);
+    assert_eq!(
+        metric(&body(&out[0]), "bridge/ncmd_refused"),
+        Some(MetricValue::Boolean(true))
+    );
+    let notices = b.take_notices();
+    let [Notice::NcmdRefused { topic }] = &notices[..] else {
+        panic!("{notices:?}")
+    };
+    assert_eq!(topic, "spBv1.0/hall-1/NCMD/loopwarden");
+    // The next connection, subscribed, says so.
+    b.step(T + 1, Input::ConnectionLost);
+    b.connecting(T + 2);
+    let out = b.step(T + 2, Input::Connected);
+    assert_eq!(
+        metric(&body(&out[0]), "bridge/ncmd_refused"),
+        Some(MetricValue::Boolean(false))
+    );
+}
+
+#[test]
 fn frames_on_another_nodes_topic_or_of_a_foreign_kind_are_refused() {
     let mut b = bridge();
     connected(&mut b);
@@ -600,6 +625,7 @@ fn any_input() -> impl Strategy<Value = Input> {
     let host = prop::sample::select(vec!["h01", "h02", "h03"]);
     prop_oneof![
         1 => Just(Input::Connected),
+        1 => Just(Input::NcmdRefused),
         1 => Just(Input::ConnectionLost),
         1 => Just(Input::Tick),
         1 => Just(Input::Command(rebirth_command())),
