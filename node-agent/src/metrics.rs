@@ -174,8 +174,9 @@ pub fn render(ctx: &Context) -> String {
     agent(&mut out, ctx, &host);
     if let Some(s) = &snap {
         loop_state(&mut out, s, &host);
+        let watched = s.xid_watch_down.is_none();
         for (i, g) in s.gpus.iter().enumerate() {
-            gpu(&mut out, &ctx.host, i, g);
+            gpu(&mut out, &ctx.host, i, g, watched);
         }
         if let Some(n) = ctx.gpus_missing(s.gpus.len()) {
             out.sample(&MISSING, &host, n as f64);
@@ -322,8 +323,9 @@ fn site_actions(out: &mut Exposition, a: &crate::console::SiteActions, host: &[(
     }
 }
 
-/// GPU `i` of `host`: its DCGM fields and its `loopwarden_gpu_*` series.
-fn gpu(out: &mut Exposition, host: &str, i: usize, g: &GpuView) {
+/// GPU `i` of `host`: its DCGM fields and its `loopwarden_gpu_*` series;
+/// `xids_watched`: whether the driver's XID watch is up.
+fn gpu(out: &mut Exposition, host: &str, i: usize, g: &GpuView, xids_watched: bool) {
     let index = i.to_string();
     let device = format!("nvidia{i}");
     let dcgm_labels = [
@@ -333,7 +335,7 @@ fn gpu(out: &mut Exposition, host: &str, i: usize, g: &GpuView) {
         ("modelName", g.info.name.as_str()),
         ("Hostname", host),
     ];
-    dcgm::write(out, g, &dcgm_labels);
+    dcgm::write(out, g, xids_watched, &dcgm_labels);
     // Enough to join with the DCGM series (on gpu and Hostname), and all
     // snake_case or upper case, as Prometheus's naming rules ask.
     let labels = [
@@ -437,8 +439,13 @@ mod tests {
     }
 
     fn text(g: &GpuView) -> String {
+        watched_text(g, true)
+    }
+
+    /// GPU `g`'s series, its XIDs `watched` or not (the watch down).
+    fn watched_text(g: &GpuView, watched: bool) -> String {
         let mut out = Exposition::new();
-        gpu(&mut out, "h07", 3, g);
+        gpu(&mut out, "h07", 3, g, watched);
         out.finish()
     }
 
@@ -749,7 +756,7 @@ mod tests {
         loop_state(&mut out, &snap, &host);
         let mut g = view();
         g.guard_cap = Some(Watts(600));
-        gpu(&mut out, "h07", 0, &g);
+        gpu(&mut out, "h07", 0, &g, true);
         write_bus(&mut out, &Default::default(), true, &host);
         let costs = crate::nvml::CallCosts::default();
         let us = std::time::Duration::from_micros;
@@ -914,6 +921,27 @@ mod tests {
         g.last = None;
         assert!(text(&g).contains(&line), "{}", text(&g));
         assert!(text(&g).contains("DCGM_FI_DEV_POWER_MGMT_LIMIT_MAX{"));
+    }
+
+    /// While the XID watch is down (it did not start, or a GPU's
+    /// registration was refused) no XID is seen: a GPU's XID series is
+    /// left out, never a 0 that reads as "no XID"; an XID seen before
+    /// the watch went down still shows.
+    #[test]
+    fn no_xid_series_reads_0_while_xids_are_not_watched() {
+        let mut g = view();
+        g.xids.clear();
+        let name = "DCGM_FI_DEV_XID_ERRORS{";
+        let zero = r#"DCGM_FI_DEV_XID_ERRORS{gpu="3",UUID="GPU-1234",device="nvidia3",modelName="NVIDIA H200",Hostname="h07"} 0"#;
+        assert!(watched_text(&g, true).contains(zero), "watched, none seen");
+        let t = watched_text(&g, false);
+        assert!(!t.contains(name), "{name} in\n{t}");
+        g.xids = vec![(TimestampMs(1_700_000_000_000), 79)];
+        let t = watched_text(&g, false);
+        assert!(
+            t.contains(r#"modelName="NVIDIA H200",Hostname="h07"} 79"#),
+            "{t}"
+        );
     }
 
     /// A GPU whose description failed at start has no limit NVML gave

@@ -11,7 +11,8 @@
 //! one this GPU answered "not supported" for or does not know (ECC off
 //! comes as its ECC groups not known, so no `DCGM_FI_DEV_ECC_*` series
 //! reads 0 errors for it), and nothing for a GPU whose last sample did
-//! not answer. The power limits of the GPU's description are written
+//! not answer; no `DCGM_FI_DEV_XID_ERRORS` 0 while the XID watch is
+//! down (no XID is seen then). The power limits of the GPU's description are written
 //! only as NVML gave them: one it did not give is left out, never shown
 //! as the board's figure the agent guards the GPU with.
 //!
@@ -44,6 +45,9 @@ enum Source {
     /// its identity and limits, the limit read back): written whether or
     /// not the GPU answers its samples.
     Gpu(fn(&GpuView) -> Option<f64>),
+    /// The GPU's last XID: 0 for none only while XIDs are watched (the
+    /// watch down, no XID is seen, and a 0 would read as none).
+    Xid,
 }
 
 /// A field read from the last sample.
@@ -122,13 +126,14 @@ const FIELDS: &[Field] = &[
         U::UTIL,
         |s| Some(s.util.get().into()),
     ),
-    gpu_field(
-        M::gauge(
+    Field {
+        metric: M::gauge(
             "DCGM_FI_DEV_XID_ERRORS",
             "Value of the last XID error encountered.",
         ),
-        |g| Some(g.xids.last().map_or(0.0, |(_, x)| f64::from(*x))),
-    ),
+        needs: ALWAYS,
+        value: Source::Xid,
+    },
     field(
         M::gauge(
             "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
@@ -298,12 +303,18 @@ fn read(limit: Watts) -> Option<f64> {
 /// sample only while it answers (nothing of a sample that did not answer
 /// is shown as live), and never one it does not support; those not read
 /// from the samples (its last XID, its limits) always, so an XID 79 is
-/// seen on a GPU that has stopped answering.
-pub fn write(out: &mut Exposition, g: &GpuView, labels: &[(&str, &str)]) {
+/// seen on a GPU that has stopped answering. While XIDs are not watched
+/// (`xids_watched` false: the driver's watch is down) its XID series is
+/// written only for an XID seen, never 0.
+pub fn write(out: &mut Exposition, g: &GpuView, xids_watched: bool, labels: &[(&str, &str)]) {
     let sample = g.last.as_ref().filter(|_| g.responsive);
     for f in FIELDS {
         let v = match (&f.value, sample) {
             (Source::Gpu(value), _) => value(g),
+            (Source::Xid, _) => {
+                let last = g.xids.last().map(|(_, x)| f64::from(*x));
+                last.or(xids_watched.then_some(0.0))
+            }
             (Source::Sample(value), Some(s)) => {
                 if !f.needs.is_empty() && s.unsupported.contains(f.needs) {
                     continue;

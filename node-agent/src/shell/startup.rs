@@ -1079,7 +1079,7 @@ mod tests {
         view.info = g.info.clone();
         view.range = g.range;
         let mut out = loopwarden_bus::prometheus::Exposition::new();
-        crate::metrics::dcgm::write(&mut out, &view, &[("gpu", "0")]);
+        crate::metrics::dcgm::write(&mut out, &view, true, &[("gpu", "0")]);
         let text = out.finish();
         text.lines()
             .filter(|l| l.starts_with("DCGM_FI_DEV_POWER_MGMT_LIMIT_"))
