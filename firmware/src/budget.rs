@@ -333,7 +333,7 @@ mod tests {
         };
         let mut port = Timed::new(answer_ms * 1_000);
         let mut console = String::new();
-        write_step(&mut port, &plan, &mut SafetyHeld::default(), &mut console);
+        write_step(&mut port, &plan, &mut SafetyHeld::seen_held(), &mut console);
         (port.sent, console)
     }
 

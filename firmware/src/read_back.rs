@@ -15,7 +15,14 @@
 //! a safety write that failed, until a read-back reads every such setting
 //! held: the CDU then falls back to its own control within its watchdog
 //! time. One not read back since (its write refused or not planned, its
-//! read-back failed) stays not held.
+//! read-back failed) stays not held. What was found not held goes with a
+//! restart, so after the start the heartbeat is withheld until a step's
+//! read-back reads the safety settings that went in held (or the CDU
+//! refuses it outright, exception 1 or 2: it serves none, and its echo
+//! is taken as before; or the map has none of them): a board in a reset
+//! loop faster than the CDU's watchdog never feeds a CDU that does not
+//! hold them. The first step's valves and pumps go out as ever; only the
+//! heartbeat waits, a step at least ([`SafetyHeld::beat_withheld`]).
 //!
 //! The read-back comes after the heartbeat and the writes after it, so it
 //! never takes their time; a run is asked only while the step has time
@@ -172,6 +179,12 @@ pub struct SafetyHeld {
     /// The gateway started again: the settings not held are said again
     /// at the next read-back, whether or not they changed.
     say_unheld: bool,
+    /// A step's read-back has read the safety settings that went in
+    /// held since the start (or the CDU refused it outright, exception 1
+    /// or 2, or the map has none of them): until then the heartbeat is
+    /// withheld, so a board that starts again writes none on settings
+    /// it has not seen held ([`SafetyHeld::beat_withheld`]).
+    read_held: bool,
 }
 
 /// A change of whether the CDU holds its safety settings, for the
@@ -242,6 +255,23 @@ impl SafetyHeld {
     /// not held, and none has read it held since.
     pub fn withholds(&self) -> bool {
         !self.unheld.is_empty()
+    }
+
+    /// As after a read-back that read the safety settings held: a
+    /// controller past its first read-back.
+    #[cfg(test)]
+    pub fn seen_held() -> Self {
+        Self {
+            read_held: true,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the heartbeat is withheld: a safety setting is not held
+    /// ([`SafetyHeld::withholds`]), or none has been read back held
+    /// since the start.
+    pub fn beat_withheld(&self) -> bool {
+        self.withholds() || !self.read_held
     }
 
     /// The settings found not held, none read held since.
@@ -372,9 +402,13 @@ pub fn write_step<P: HoldingPort>(
     held: &mut SafetyHeld,
     console: &mut impl fmt::Write,
 ) -> (Outcome, Option<Change>) {
-    let withheld = held.withholds();
+    let withheld = held.beat_withheld();
     let mut outcome = writes::execute(port, plan, withheld);
+    if !held.read_held {
+        fail_unproven(&mut outcome);
+    }
     let written = went_in(plan, &outcome);
+    let mut proven = Proven::of(plan, &written);
     let mut read: heapless::Vec<Setting, SAFETY> = heapless::Vec::new();
     let mut found: heapless::Vec<NotHeld, SAFETY> = heapless::Vec::new();
     let mut unsure: heapless::Vec<Setting, SAFETY> = heapless::Vec::new();
@@ -391,6 +425,7 @@ pub fn write_step<P: HoldingPort>(
             }
             Err(why) => why,
         };
+        proven.failed(&why);
         let mut unread = |run: &[Written]| {
             if run.is_empty() {
                 return;
@@ -433,12 +468,65 @@ pub fn write_step<P: HoldingPort>(
         not_taken: not_taken as u8,
     });
     let change = held.judge(&read, &found);
+    held.read_held |= proven.held(&found);
     // The heartbeat withheld this step or from the next step on: the
     // mode's change names it (`heartbeat-held`) from the step that found
     // it to the step that read it held again, never the refused writes.
-    outcome.heartbeat_held = withheld || held.withholds();
+    outcome.heartbeat_held = withheld || held.beat_withheld();
     let news = held.news(failed, !read.is_empty(), change.is_some());
     (outcome, change.or(news))
+}
+
+/// Why the heartbeat is withheld before a read-back has read the safety
+/// settings held since the start.
+const UNPROVEN: &str =
+    "withheld: the safety settings not read back held since the start (read back first)";
+
+/// The heartbeat withheld before a read-back has read the safety
+/// settings held since the start: said so, unless withheld for a safety
+/// write that failed.
+fn fail_unproven(outcome: &mut Outcome) {
+    let safety_in = (outcome.tried.iter()).all(|(s, r)| !s.safety() || r.is_ok());
+    if safety_in {
+        fail(outcome, Setting::Heartbeat, &UNPROVEN);
+    }
+}
+
+/// Whether a step's read-back shows the CDU holds its safety settings,
+/// for the first heartbeat since the start: every run asked read (none
+/// found not held), or refused outright (exception 1 or 2: a CDU that
+/// serves no read-back, its echo taken as before); a step whose plan
+/// has no safety setting in the map has nothing to read back.
+struct Proven {
+    /// Some safety setting went in (or none is in the plan and map).
+    went: bool,
+    /// A run failed otherwise than refused outright, or was not asked.
+    unread: bool,
+}
+
+impl Proven {
+    /// For the safety settings of `plan` that went in (`written`).
+    fn of(plan: &Plan, written: &[Written]) -> Self {
+        let mapped = |s: Setting| s.safety() && holding(s.register()).is_some();
+        let none = !plan.writes.iter().any(|w| mapped(w.setting));
+        Self {
+            went: none || !written.is_empty(),
+            unread: false,
+        }
+    }
+
+    /// A run failed with `why` (one that the CDU did not answer leaves
+    /// the later runs not asked: its `why` is no refusal).
+    fn failed(&mut self, why: &Unread) {
+        let outright = matches!(why, Unread::Port(RtuError::Refused { code: 1 | 2, .. }));
+        self.unread |= !outright;
+    }
+
+    /// Whether the read-back, having found `found` not held, shows the
+    /// settings held.
+    fn held(&self, found: &[NotHeld]) -> bool {
+        self.went && !self.unread && found.is_empty()
+    }
 }
 
 /// Records `why` as the failure of `s`'s write in `outcome`.
@@ -621,24 +709,24 @@ mod tests {
 
     /// A CDU that echoes every write, holds what it takes, and reads its
     /// holding registers back.
-    struct Cdu {
-        holding: BTreeMap<u16, u16>,
+    pub(super) struct Cdu {
+        pub(super) holding: BTreeMap<u16, u16>,
         /// Registers it echoes but does not take.
-        ignores: Vec<&'static str>,
+        pub(super) ignores: Vec<&'static str>,
         /// It does not answer a read-back.
-        silent: bool,
+        pub(super) silent: bool,
         /// It refuses a read-back with this exception.
-        refuses: Option<u8>,
+        pub(super) refuses: Option<u8>,
         /// Transactions the step has time for.
         budget: usize,
         /// What it was sent: each write's register, each read-back's
         /// first address and count.
-        writes: Vec<&'static str>,
+        pub(super) writes: Vec<&'static str>,
         reads: Vec<(u16, usize)>,
     }
 
     impl Cdu {
-        fn new() -> Self {
+        pub(super) fn new() -> Self {
             Self {
                 holding: BTreeMap::new(),
                 ignores: Vec::new(),
@@ -651,7 +739,7 @@ mod tests {
         }
 
         /// Runs one step of `plan`, as the board's shell does.
-        fn step(
+        pub(super) fn step(
             &mut self,
             plan: &Plan,
             held: &mut SafetyHeld,
@@ -721,7 +809,7 @@ mod tests {
     }
 
     /// Valves `valves` (bit n: rack n open), pump A to run and lead.
-    fn plan(valves: u16) -> Plan {
+    pub(super) fn plan(valves: u16) -> Plan {
         let values = [f64::from(valves), 1.0, 0.0, 7.0, 80.0, 30.13];
         Plan {
             writes: Setting::ORDER
@@ -735,7 +823,7 @@ mod tests {
         }
     }
 
-    fn why(o: &Outcome, s: Setting) -> Option<String> {
+    pub(super) fn why(o: &Outcome, s: Setting) -> Option<String> {
         let (_, r) = o.tried.iter().find(|(t, _)| *t == s)?;
         r.as_ref().err().map(|w| w.to_string())
     }
@@ -744,7 +832,7 @@ mod tests {
     fn a_valve_close_the_cdu_echoes_but_does_not_hold_withholds_the_heartbeat_until_it_reads_back_closed(
     ) {
         let mut cdu = Cdu::new();
-        let mut held = SafetyHeld::default();
+        let mut held = SafetyHeld::seen_held();
         // Every rack open, taken and held.
         let (o, change, _) = cdu.step(&plan(0b1111), &mut held);
         assert!(o.all_ok() && change.is_none() && !held.withholds());
@@ -789,7 +877,7 @@ mod tests {
     #[test]
     fn the_safety_settings_are_read_back_in_one_request_per_run_the_others_not_at_all() {
         let mut cdu = Cdu::new();
-        let mut held = SafetyHeld::default();
+        let mut held = SafetyHeld::seen_held();
         cdu.step(&plan(0b1111), &mut held);
         // lead_pump, valves_open and pumps_run: holding 2 to 4, one run;
         // the heartbeat, the speed and the setpoint are not read back.
@@ -806,7 +894,7 @@ mod tests {
     #[test]
     fn a_read_back_that_fails_leaves_the_settings_taken_and_what_was_not_held_not_held() {
         let mut cdu = Cdu::new();
-        let mut held = SafetyHeld::default();
+        let mut held = SafetyHeld::seen_held();
         cdu.silent = true;
         let (o, change, console) = cdu.step(&plan(0b1111), &mut held);
         assert!(o.all_ok(), "taken on their echo");
@@ -852,7 +940,7 @@ mod tests {
     fn a_read_back_that_fails_is_said_to_the_gateway_at_the_first_of_a_run_and_when_it_works_again()
     {
         let mut cdu = Cdu::new();
-        let mut held = SafetyHeld::default();
+        let mut held = SafetyHeld::seen_held();
         cdu.silent = true;
         let (_, change, _) = cdu.step(&plan(0b1111), &mut held);
         let said = change.map(|c| c.to_string()).unwrap_or_default();
@@ -883,7 +971,7 @@ mod tests {
     #[test]
     fn a_change_of_the_settings_not_held_is_said_naming_the_new_one() {
         let mut cdu = Cdu::new();
-        let mut held = SafetyHeld::default();
+        let mut held = SafetyHeld::seen_held();
         cdu.step(&plan(0b1111), &mut held);
         let named = |c: Option<Change>| match c {
             Some(Change::NotHeld(n)) => Some(n.setting),
@@ -964,7 +1052,7 @@ mod tests {
             assert_eq!(said.as_str(), c.to_string(), "cut");
             std::string::String::from(said.as_str())
         };
-        let fresh = || (Cdu::new(), SafetyHeld::default());
+        let fresh = || (Cdu::new(), SafetyHeld::seen_held());
         let (mut cdu, mut held) = fresh();
         cdu.silent = true;
         let line = said(cdu.step(&plan(0b1111), &mut held).1);
@@ -1088,7 +1176,7 @@ mod tests {
     #[test]
     fn a_setting_read_back_not_held_stays_not_taken_over_a_read_back_that_fails_or_is_not_asked() {
         let mut cdu = Cdu::new();
-        let mut held = SafetyHeld::default();
+        let mut held = SafetyHeld::seen_held();
         cdu.step(&plan(0b1111), &mut held);
         let mut b = plan(0b1111);
         b.writes[1].value = 2.0;
@@ -1153,5 +1241,84 @@ mod tests {
         cdu.silent = true;
         let (o, _, _) = cdu.step(&plan(0b1111), &mut held);
         assert!(o.taken().valves && o.taken().pumps, "{:?}", o.tried);
+    }
+}
+
+#[cfg(test)]
+mod boot {
+    //! The first heartbeat after a start waits for a read-back that reads
+    //! the safety settings held.
+    use super::tests::{plan, why, Cdu};
+    use super::*;
+
+    /// A board that starts again on a CDU whose own fallback holds both
+    /// pumps to run and takes no run flag: the valves and the pumps are
+    /// written at the first step, but no heartbeat, nor at any step
+    /// whose read-back finds them not held or fails (no answer); once a
+    /// read-back reads them held, the heartbeat goes from the next step.
+    #[test]
+    fn after_a_start_the_first_heartbeat_waits_for_a_read_back_that_reads_the_safety_settings_held()
+    {
+        let mut cdu = Cdu::new();
+        let mut held = SafetyHeld::default();
+        let pumps = holding("pumps_run").map(|r| r.address).unwrap();
+        cdu.holding.insert(pumps, 0b11);
+        cdu.ignores.push("pumps_run");
+        let (o, _, console) = cdu.step(&plan(0b1111), &mut held);
+        assert!(cdu
+            .writes
+            .starts_with(&["valves_open", "pumps_run", "lead_pump"]));
+        assert!(!cdu.writes.contains(&"heartbeat"), "{console}");
+        assert_eq!(why(&o, Setting::Heartbeat).as_deref(), Some(UNPROVEN));
+        assert!(o.heartbeat_held && held.withholds());
+        // Not held, then not answered: still withheld.
+        cdu.step(&plan(0b1111), &mut held);
+        cdu.ignores.clear();
+        cdu.silent = true;
+        let (o, _, _) = cdu.step(&plan(0b1111), &mut held);
+        assert!(!cdu.writes.contains(&"heartbeat") && o.heartbeat_held);
+        let (o, _, _) = cdu.step(&plan(0b1111), &mut held);
+        assert!(!cdu.writes.contains(&"heartbeat") && o.heartbeat_held);
+        assert!(held.beat_withheld(), "none read held");
+        // Read back held: the heartbeat from the next step.
+        cdu.silent = false;
+        let (o, _, _) = cdu.step(&plan(0b1111), &mut held);
+        assert!(!cdu.writes.contains(&"heartbeat") && o.heartbeat_held);
+        let (o, _, _) = cdu.step(&plan(0b1111), &mut held);
+        assert!(
+            cdu.writes.contains(&"heartbeat") && o.all_ok(),
+            "{:?}",
+            o.tried
+        );
+        assert!(!o.heartbeat_held);
+    }
+
+    /// A CDU that serves no read-back (exception 1 or 2 from the start)
+    /// has its echo taken as before: the heartbeat from the second step.
+    /// A read-back held found at the first step: from the second too.
+    #[test]
+    fn after_a_start_a_cdu_that_serves_no_read_back_gets_the_heartbeat_from_the_next_step() {
+        for refuses in [Some(1), Some(2), None] {
+            // A CDU that never answers it: withheld for good.
+            let mut silent = Cdu::new();
+            silent.silent = true;
+            let mut held = SafetyHeld::default();
+            for _ in 0..3 {
+                let (o, _, _) = silent.step(&plan(0b1111), &mut held);
+                assert!(!silent.writes.contains(&"heartbeat") && o.heartbeat_held);
+            }
+            let mut cdu = Cdu::new();
+            cdu.refuses = refuses;
+            let mut held = SafetyHeld::default();
+            let (o, _, _) = cdu.step(&plan(0b1111), &mut held);
+            assert!(!cdu.writes.contains(&"heartbeat") && o.heartbeat_held);
+            let (o, _, _) = cdu.step(&plan(0b1111), &mut held);
+            assert!(
+                cdu.writes.contains(&"heartbeat"),
+                "{refuses:?}: {:?}",
+                o.tried
+            );
+            assert!(!o.heartbeat_held);
+        }
     }
 }
