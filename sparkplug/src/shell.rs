@@ -121,7 +121,7 @@ fn mqtt_options(link: &Link, index: usize, will: &Publish) -> MqttOptions {
     let mut o = MqttOptions::new(&link.client_id, &broker.host, broker.port);
     o.set_keep_alive(link.keep_alive.max(Duration::from_secs(1)));
     o.set_clean_session(true);
-    o.set_max_packet_size(1 << 20, 1 << 20);
+    o.set_max_packet_size(MAX_PACKET, MAX_PACKET);
     if let Some((user, password)) = &link.credentials {
         o.set_credentials(user, password);
     }
@@ -138,6 +138,31 @@ fn mqtt_options(link: &Link, index: usize, will: &Publish) -> MqttOptions {
         false,
     ));
     o
+}
+
+/// The largest MQTT packet the Sparkplug client sends or takes, bytes.
+const MAX_PACKET: usize = 1 << 20;
+
+/// Why the Sparkplug connection was lost, for the log. A packet past
+/// [`MAX_PACKET`] from the broker can only be a publish on NCMD (the one
+/// subscription); the client drops the connection on it, and a retained
+/// one comes again at every connection, so the line says so and what to
+/// do.
+fn lost_why(e: &rumqttc::ConnectionError, ncmd: &str) -> String {
+    use rumqttc::{ConnectionError, StateError};
+    let ConnectionError::MqttState(StateError::Deserialization(
+        rumqttc::Error::PayloadSizeLimitExceeded(size),
+    )) = e
+    else {
+        return e.to_string();
+    };
+    format!(
+        "the broker sent a packet of {size} bytes, past the client's {MAX_PACKET}: an NCMD on \
+         {ncmd} (its one subscription). Sparkplug NCMDs are small and never retained; if it is \
+         retained it comes at every connection and the bridge cannot stay connected: clear it \
+         with an empty retained publish, and limit the packets of that topic on the broker \
+         (docs/sparkplug.md section 6) ({e})"
+    )
 }
 
 /// How long a connection must have lasted for the next attempt to start
@@ -179,7 +204,7 @@ async fn drive_sparkplug(
             Ok(_) => continue,
             Err(e) => {
                 if events
-                    .send(SparkplugEvent::Lost(e.to_string()))
+                    .send(SparkplugEvent::Lost(lost_why(&e, &ncmd)))
                     .await
                     .is_err()
                 {
@@ -655,6 +680,21 @@ async fn stop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connection_lost_to_an_oversized_ncmd_names_the_topic_and_the_cure() {
+        use rumqttc::{ConnectionError, StateError};
+        let ncmd = "spBv1.0/hall-1/NCMD/loopwarden";
+        let too_large = rumqttc::Error::PayloadSizeLimitExceeded(MAX_PACKET + 1);
+        let e = ConnectionError::MqttState(StateError::Deserialization(too_large));
+        let why = lost_why(&e, ncmd);
+        assert!(why.contains(&format!("{} bytes", MAX_PACKET + 1)), "{why}");
+        assert!(why.contains(ncmd), "{why}");
+        assert!(why.contains("empty retained publish"), "{why}");
+        // Any other loss is said as the client says it.
+        let other = ConnectionError::NetworkTimeout;
+        assert_eq!(lost_why(&other, ncmd), other.to_string());
+    }
 
     #[test]
     fn a_flood_of_refusals_from_one_source_is_logged_once_a_minute() {
