@@ -194,6 +194,9 @@ pub struct Controller<'d> {
     /// The gateway started again since the last step's read-back: what
     /// the read-back finds is said to it again.
     read_back_again: bool,
+    /// The gateway started again since the last keep of the latched
+    /// record: one that does not go in is said to it again.
+    latch_again: bool,
 }
 
 impl<'d> Controller<'d> {
@@ -228,6 +231,7 @@ impl<'d> Controller<'d> {
             disagreement_said_ms: None,
             latch_failing: false,
             read_back_again: false,
+            latch_again: false,
             input: Traced::ToKeep,
             digest: None,
             readings: None,
@@ -388,12 +392,15 @@ impl<'d> Controller<'d> {
     /// Step 4, done: the record went to flash (`ok`) or did not. The
     /// first failure of a run, and the record going in again after one,
     /// are said to the gateway as well as the console: its log and the
-    /// bus show that no valve opens meanwhile.
+    /// bus show that no valve opens meanwhile. A gateway that started
+    /// again hears a failure in force again at the next keep.
     #[inline(never)]
     pub fn kept(&mut self, p: &mut impl Ports, ok: bool) {
         self.apply(p, Traced::Kept(ok));
+        let again = core::mem::take(&mut self.latch_again);
         let (error, words) = match (ok, self.latch_failing) {
             (false, false) => (true, LATCH_NOT_KEPT),
+            (false, true) if again => (true, LATCH_NOT_KEPT),
             (true, true) => (false, LATCH_KEPT_AGAIN),
             _ => return,
         };

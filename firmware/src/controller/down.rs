@@ -240,9 +240,11 @@ impl Controller<'_> {
                 // `Alive` says its layout, nothing crosses that a layout
                 // reads (host reports, the status, leases). The leases it
                 // may have missed go again, and what the read-back finds
-                // is said again at the next step.
+                // (and a latched record not in flash) is said again at the
+                // next step.
                 self.disagreement_said_ms = None;
                 self.read_back_again = true;
+                self.latch_again = true;
                 self.gateway_layout = None;
                 self.resend.gateway_back();
                 self.link.restarts = self.link.restarts.saturating_add(1);
