@@ -182,6 +182,9 @@ pub(crate) struct Agent {
     /// The clear of the lost mark under way off the loop, awaited at a
     /// clean stop before the flash is flushed.
     pub lost_mark_clearing: Option<lost_store::Clearing>,
+    /// The stale indexes found at the start: per GPU, those its
+    /// quarantine actions ran under before a renumbering (`quarantine`).
+    pub stale_indexes: Vec<(u8, Vec<u8>)>,
 }
 
 /// What a process that runs many agents may ask of each (nothing by
@@ -330,6 +333,7 @@ async fn run_agent(
         identify_at: 0,
         lost_mark: None,
         lost_mark_clearing: None,
+        stale_indexes: undone.stale.clone(),
     };
     agent.keep_taken_back(&undone, config_lost).await;
     // What a crash (or a failure) left undone runs again.
@@ -358,6 +362,8 @@ async fn run_agent(
 struct Undone {
     /// The GPUs kept quarantined whose actions are not known done.
     quarantines: Vec<u8>,
+    /// The stale indexes of the GPUs kept quarantined (`quarantine`).
+    stale: Vec<(u8, Vec<u8>)>,
     /// The GPUs whose kept health state was unreadable, marked degraded
     /// (or quarantined again from the event log, the config store lost):
     /// their new state is kept, replacing the record that failed.
@@ -403,7 +409,7 @@ async fn restore_kept(
     if !config_lost {
         lost_store::match_log(log, node.health(), &last, &unreadable).await;
     }
-    let quarantines = quarantine::not_done(store, node.health(), &uuids).await;
+    let (quarantines, stale) = quarantine::not_done(store, node.health(), &uuids).await;
     let limits_unread = limits::restore(node, gpus, store, config_lost).await;
     let (phase, steps) = match cooling::restore(store, logged_phase).await {
         Some((phase, steps)) => {
@@ -421,6 +427,7 @@ async fn restore_kept(
     }
     Undone {
         quarantines,
+        stale,
         unreadable,
         limits_unread,
         phase,

@@ -114,6 +114,9 @@ fn status(ctx: &Context, snap: &Snapshot, now: TimestampMs) -> Value {
             "stays": c.stays,
             "clearing": c.clearing,
         })),
+        "stale_indexes": snap.stale_indexes.iter()
+            .map(|(gpu, was)| json!({"gpu": gpu, "was": was}))
+            .collect::<Vec<_>>(),
         "demo_key": ctx.demo_key,
         "protection_off": protection_off_view(&ctx.protection_off),
     })

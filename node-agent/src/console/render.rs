@@ -160,6 +160,9 @@ fn warning_rows(v: &Value) -> Vec<(&'static str, String)> {
     if v["config_lost"].is_object() {
         rows.push(("CONFIG LOST", config_lost_line(&v["config_lost"])));
     }
+    for stale in v["stale_indexes"].as_array().into_iter().flatten() {
+        rows.push(("STALE INDEX", stale_index_line(stale)));
+    }
     if let Some(n @ 1..) = v["gpus_missing"].as_u64() {
         rows.push((
             "MISSING",
@@ -236,6 +239,21 @@ fn warning_rows(v: &Value) -> Vec<(&'static str, String)> {
 /// The config store found lost at this start, its lost mark standing
 /// (`config_lost`): what its clear waits for, or why it stays for the
 /// run; till it clears, every restart reads the store as lost.
+/// A GPU's stale indexes: what its quarantine actions left under them.
+fn stale_index_line(stale: &Value) -> String {
+    let gpu = s(&stale["gpu"]);
+    let was: Vec<String> = (stale["was"].as_array().into_iter().flatten())
+        .map(s)
+        .collect();
+    let tags: Vec<String> = was.iter().map(|w| format!("gpu{w}")).collect();
+    format!(
+        "GPU {gpu}: its quarantine actions ran as GPU {} before the GPUs were numbered otherwise: what they left there (a drain tagged {}) may still stand: undo it by hand (loopwarden-slurm resume NODE {}); shown until GPU {gpu} is released",
+        was.join(", "),
+        tags.join(", "),
+        tags.join(" ")
+    )
+}
+
 fn config_lost_line(c: &Value) -> String {
     let list =
         |k: &str| -> Vec<String> { (c[k].as_array().into_iter().flatten()).map(s).collect() };
@@ -579,6 +597,23 @@ mod tests {
         for cleared in [json!({"config_lost": null}), json!({})] {
             assert!(!render(&Request::Status, &cleared).contains("CONFIG LOST"));
         }
+    }
+
+    #[test]
+    fn status_names_each_stale_index_a_renumbering_left() {
+        let v = json!({"stale_indexes": [{"gpu": 1, "was": [2]}]});
+        let text = render(&Request::Status, &v);
+        let row = (text.lines())
+            .find(|l| l.starts_with("STALE INDEX "))
+            .unwrap_or_else(|| panic!("no STALE INDEX row in\n{text}"));
+        assert!(
+            row.contains("GPU 1: its quarantine actions ran as GPU 2")
+                && row.contains("loopwarden-slurm resume NODE gpu2")
+                && row.contains("until GPU 1 is released"),
+            "{row}"
+        );
+        let none = render(&Request::Status, &json!({"stale_indexes": []}));
+        assert!(!none.contains("STALE INDEX"), "{none}");
     }
 
     #[test]

@@ -234,6 +234,10 @@ pub struct Snapshot {
     /// (every start reads the store as lost until it clears): what the
     /// clear waits for. `None`: found intact, or the mark cleared.
     pub config_lost: Option<ConfigLost>,
+    /// Per GPU quarantined, the indexes its quarantine actions ran under
+    /// before the GPUs were numbered otherwise: what they left there (a
+    /// drain tagged `gpu{was}`) may still stand, to undo by hand.
+    pub stale_indexes: Vec<(u8, Vec<u8>)>,
 }
 
 /// What the lost mark of a config store found lost at this start still

@@ -60,6 +60,7 @@ impl Agent {
             flash_refused_at,
             deadline: self.config.deadline,
             config_lost: self.config_lost_view(),
+            stale_indexes: self.stale_indexes_now(),
         }
     }
 

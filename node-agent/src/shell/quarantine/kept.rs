@@ -62,12 +62,12 @@ fn read_done(payload: &[u8]) -> Option<(u64, Option<u8>)> {
 /// order) whose quarantine's actions are not known done: a stamp other
 /// than theirs, or none, kept as [`Record::Done`], or theirs kept under
 /// another index (the GPUs numbered otherwise since: said, with what to
-/// undo by hand).
+/// undo by hand); and each GPU's stale indexes ([`stale_tags`]).
 pub(in crate::shell) async fn not_done(
     store: &mut ConfigStore<Flash>,
     health: &node_core::health::HealthEngine,
     uuids: &[&str],
-) -> Vec<u8> {
+) -> (Vec<u8>, Vec<(u8, Vec<u8>)>) {
     let mut gpus = Vec::new();
     let mut renumbered = Vec::new();
     for gpu in 0..health.len() as u8 {
@@ -103,8 +103,8 @@ pub(in crate::shell) async fn not_done(
             _ => gpus.push(gpu),
         }
     }
-    stale_tags(store, health, uuids, &renumbered).await;
-    gpus
+    let stale = stale_tags(store, health, uuids, &renumbered).await;
+    (gpus, stale)
 }
 
 /// The key of the record of the indexes a GPU's quarantine actions ran
@@ -233,6 +233,25 @@ impl Agent {
         }
     }
 
+    /// The stale indexes found at the start ([`stale_tags`]) of the GPUs
+    /// still quarantined now (one released in this run is shown no more:
+    /// its record goes at the next start), as `ctl status` shows them.
+    pub(in crate::shell) fn stale_indexes_now(&self) -> Vec<(u8, Vec<u8>)> {
+        let quarantined = |g: u8| {
+            (self.node.health().status(g)).is_some_and(|st| st.state == HealthState::Quarantined)
+        };
+        (self.stale_indexes.iter())
+            .filter(|(gpu, _)| quarantined(*gpu))
+            .map(|(gpu, was)| {
+                (
+                    *gpu,
+                    was.iter().copied().filter(|&w| !quarantined(w)).collect(),
+                )
+            })
+            .filter(|(_, was): &(u8, Vec<u8>)| !was.is_empty())
+            .collect()
+    }
+
     /// A run of `gpu`'s actions known done, run again at the start, failed:
     /// its [`Record::Done`] is kept as none, so a restart does not say
     /// they ended well.
@@ -291,7 +310,7 @@ mod tests {
         let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
         let uuids = [X, A, B];
         let run = |store: &mut ConfigStore<Flash>, h: &HealthEngine| {
-            futures::executor::block_on(not_done(store, h, &uuids))
+            futures::executor::block_on(not_done(store, h, &uuids)).0
         };
         let said = |store: &mut ConfigStore<Flash>, h: &HealthEngine| {
             futures::executor::block_on(stale_tags(store, h, &uuids, &[]))
