@@ -10,6 +10,9 @@
 //!   `bdSeq`, `Node Control/Rebirth` false, the bridge's own metrics), then
 //!   a DBIRTH for each CDU and host heard, and a DDEATH for each one born
 //!   before that is dead now (its DDEATH may have been a dropped publish);
+//!   one whose death a round said, with no drop since, is forgotten at a
+//!   round once unheard for [`PACE_MAX_MS`] (a site's churn does not
+//!   grow every round);
 //! - a device is born when first heard with a measurement; its telemetry,
 //!   health or state then gives DDATA with the metrics that changed; a
 //!   host whose GPUs change is born again; `online: false` gives DDEATH,
@@ -573,10 +576,11 @@ impl Bridge {
         for id in &ids {
             match self.dbirth_if_ready(now, id) {
                 Some(birth) => dbirths.push(birth),
-                None if self.devices[id].ever_born => dead.push(id),
+                None if self.devices[id].ever_born => dead.push(id.clone()),
                 None => {}
             }
         }
+        let dead = self.deaths_to_say(at.mono, dead);
         let node = self.node_metrics(now);
         let metrics = fixed.iter().chain(&node).map(Point::to_birth).collect();
         let mut out = vec![self.publish(Kind::NBirth, None, now, metrics)];
@@ -603,7 +607,7 @@ impl Bridge {
         }
         let points = d.view.metrics(now);
         d.published = Some(points.clone());
-        d.ever_born = true;
+        (d.ever_born, d.death_said) = (true, false);
         Some((id.clone(), points))
     }
 

@@ -18,9 +18,12 @@ pub(super) struct Device {
     /// What was last published of it in this session, if born.
     pub(super) published: Option<Vec<Point>>,
     /// It was born at least once since the bridge started: a host
-    /// application knows it, and every round of births says it is dead
-    /// while it is.
+    /// application knows it, and a round of births says it is dead while
+    /// it is, until it is forgotten (see [`Bridge::deaths_to_say`]).
     pub(super) ever_born: bool,
+    /// A round of births said its death since it was last born, and no
+    /// publish was dropped since.
+    pub(super) death_said: bool,
     /// When a frame of it was last accepted (the bridge's monotonic clock).
     pub(super) last_heard: u64,
     /// Its pace: when its last sample (telemetry) came, the gap before
@@ -59,6 +62,7 @@ impl Device {
             alive: None,
             published: None,
             ever_born: false,
+            death_said: false,
             last_heard: now,
             sampled_at: None,
             sample_gap: None,
@@ -245,6 +249,29 @@ pub(super) fn notice_refused(topic: &Topic, frame: &Frame, why: String) -> Notic
 }
 
 impl Bridge {
+    /// Of the devices born before and dead now, those a round of births
+    /// is to say dead again (so that a host application that missed a
+    /// DDEATH does not show the device alive). One whose death a round
+    /// said already, with no publish dropped since, and unheard for
+    /// [`PACE_MAX_MS`] (what is known of its pace no longer counts) is
+    /// forgotten instead: a site's churn does not grow every round past
+    /// the queue sized for its devices. Heard again, it is a new device.
+    pub(super) fn deaths_to_say(&mut self, now: u64, dead: Vec<Ident>) -> Vec<Ident> {
+        let mut say = Vec::with_capacity(dead.len());
+        for id in dead {
+            let Some(d) = self.devices.get_mut(&id) else {
+                continue;
+            };
+            if d.death_said && now.saturating_sub(d.last_heard) >= PACE_MAX_MS {
+                self.devices.remove(&id);
+            } else {
+                d.death_said = true;
+                say.push(id);
+            }
+        }
+        say
+    }
+
     /// Every device dead (DDEATH for those born), until heard again.
     pub(super) fn forget_devices(&mut self, now: u64) -> Vec<Publish> {
         let ids: Vec<Ident> = self.devices.keys().cloned().collect();

@@ -78,6 +78,10 @@ impl Bridge {
     /// round of births however many sends dropped.
     pub(super) fn dropped(&mut self, now: u64, n: u64) {
         self.counters.publishes_dropped += n;
+        // A death a round of births said may have been dropped with it.
+        for d in self.devices.values_mut() {
+            d.death_said = false;
+        }
         if !self.session || self.resync {
             return;
         }

@@ -448,3 +448,57 @@ fn frames_the_loopwarden_client_dropped_kill_every_device_until_heard() {
     let dropped = metric(&data, "bridge/frames_dropped_inbound");
     assert_eq!(dropped, Some(MetricValue::Long(3)));
 }
+
+#[test]
+fn dead_devices_are_forgotten_once_a_round_of_births_said_so_and_they_stay_unheard() {
+    let mut b = bridge();
+    connected(&mut b);
+    b.step(T, host_telemetry("keep", 60));
+    // Churn: 5,000 hosts come and go.
+    for i in 0..5_000 {
+        let id = format!("h{i}");
+        b.step(T, host_telemetry(&id, 61));
+        b.step(T, online(Role::Host, &id, false));
+    }
+    assert_eq!(b.devices(), 5_001);
+    // The next round of births says every death again.
+    let out = b.step(T + 1_000, Input::Command(rebirth_command()));
+    assert_eq!(out.len(), 2 + 5_000, "NBIRTH, keep's DBIRTH, 5,000 DDEATH");
+    assert_eq!(kinds(&out[2..3]), [(Kind::DDeath, Some("h0"))]);
+    // Past the pace window unheard, a round forgets them, unsaid.
+    let later = T + 1_000 + PACE_MAX_MS;
+    b.step(later, host_telemetry("keep", 62));
+    let out = b.step(later, Input::Command(rebirth_command()));
+    assert_eq!(out.len(), 2, "{:?}", kinds(&out[..out.len().min(4)]));
+    assert_eq!(
+        kinds(&out),
+        [(Kind::NBirth, None), (Kind::DBirth, Some("keep"))]
+    );
+    assert_eq!(b.devices(), 1);
+    // One that comes back is born as a new device.
+    b.step(later, online(Role::Host, "h7", true));
+    let out = b.step(later, host_telemetry("h7", 63));
+    assert_eq!(kinds(&out), [(Kind::DBirth, Some("h7"))]);
+}
+
+#[test]
+fn a_death_is_said_again_before_it_is_forgotten_when_its_round_may_have_been_dropped() {
+    let mut b = bridge();
+    connected(&mut b);
+    b.step(T, host_telemetry("h07", 61));
+    b.step(T, online(Role::Host, "h07", false));
+    let out = b.step(T + 1_000, Input::Command(rebirth_command()));
+    assert_eq!(kinds(&out)[1], (Kind::DDeath, Some("h07")));
+    // Publishes dropped after that round: it may not have gone out.
+    let later = T + 1_000 + PACE_MAX_MS;
+    b.step(later, Input::Dropped(1));
+    let out = b.step(later, Input::Tick);
+    assert_eq!(
+        kinds(&out),
+        [(Kind::NBirth, None), (Kind::DDeath, Some("h07"))],
+        "said again"
+    );
+    let out = b.step(later + REBIRTH_EVERY_MS, Input::Command(rebirth_command()));
+    assert_eq!(kinds(&out), [(Kind::NBirth, None)], "then forgotten");
+    assert_eq!(b.devices(), 0);
+}
