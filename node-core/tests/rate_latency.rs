@@ -338,3 +338,30 @@ fn pcie_replays_at_or_below_the_limit_are_never_degraded_at_any_read_interval() 
         }
     }
 }
+
+/// A steady rate just above the limit (8.5 and 8.6/min against 8), read
+/// every sample at periods that do not divide the minute, is detected at
+/// every phase (onsets a fiftieth of a period apart through the first
+/// minute) within 6 minutes, as at 1 s periods. Counted over reads that
+/// do not fall on the 2 minutes, the interpolated start's fraction
+/// dropped read 16 whole replays at some reads and ended the streak
+/// there: 8.5/min was never detected at 11 or 23 s periods. The streak
+/// now ends only once the whole replays between reads at least
+/// 2 minutes apart, over the time between them, average 8 a minute or
+/// fewer.
+#[test]
+fn a_pcie_replay_rate_just_above_the_limit_is_detected_at_periods_that_do_not_divide_the_minute() {
+    let reason = ReasonCode::PCIE_REPLAY_RATE;
+    for period in [7_000, 11_000, 13_000, 23_000] {
+        for tenths in [85, 86] {
+            for onset in sub_period_onsets(period) {
+                let slow = SlowCounters::new(1, 30_000);
+                let found = detected(period, slow, onset, 15 * MINUTE_MS, reason, replays(tenths));
+                assert!(
+                    found.is_some_and(|ms| ms <= 6 * MINUTE_MS),
+                    "{tenths}/10 per min, period {period} ms, onset {onset} ms: {found:?}"
+                );
+            }
+        }
+    }
+}
