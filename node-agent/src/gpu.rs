@@ -60,8 +60,14 @@ pub struct GpuSample {
     /// `unsupported` bit covers it, and a GPU that ran has used energy).
     pub energy_mj: u64,
     /// The limit the GPU enforces now; 0 W: not known (no `unsupported`
-    /// bit covers it, and no GPU is limited to 0 W).
+    /// bit covers it, and no GPU is limited to 0 W). Where the enforced
+    /// limit did not answer, the limit set stands in (`enforced_unread`).
     pub power_limit: Watts,
+    /// The enforced limit did not answer: `power_limit` is the limit set
+    /// (NVML's management limit) standing in for it, or 0 W; never to be
+    /// shown as the limit the driver enforces. `false` (the default): the
+    /// enforced limit (or 0 W, not known).
+    pub enforced_unread: bool,
     /// SM clock.
     pub sm_clock: MegaHertz,
     /// Memory clock.

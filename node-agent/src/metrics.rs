@@ -944,6 +944,19 @@ mod tests {
         );
     }
 
+    /// The limit set standing in for an enforced limit that did not
+    /// answer is never shown as the one the driver enforces.
+    #[test]
+    fn the_enforced_limit_is_absent_while_its_read_fails() {
+        let mut g = view();
+        let name = "DCGM_FI_DEV_ENFORCED_POWER_LIMIT{";
+        assert!(text(&g).contains(name));
+        g.last.as_mut().expect("a sample").enforced_unread = true;
+        let t = text(&g);
+        assert!(!t.contains(name), "{name} in\n{t}");
+        assert!(t.contains("DCGM_FI_DEV_POWER_MGMT_LIMIT{"), "{t}");
+    }
+
     /// A GPU whose description failed at start has no limit NVML gave
     /// (the board's figures guard it): none shown as the GPU's.
     #[test]

@@ -269,6 +269,7 @@ impl TwinHost {
             } else {
                 g.limit
             } as u32),
+            enforced_unread: false,
             sm_clock: MegaHertz(sm.round() as u16),
             mem_clock: MegaHertz(2619),
             util: Percent::new((g.demand.clamp(0.0, 1.0) * 100.0).round() as u8)

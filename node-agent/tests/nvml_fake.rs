@@ -83,6 +83,7 @@ fn healthy_gpu_sample_maps_every_field() {
         power: Watts(313),
         energy_mj: 987_654_321,
         power_limit: Watts(650),
+        enforced_unread: false,
         sm_clock: MegaHertz(1980),
         mem_clock: MegaHertz(2619),
         util: Percent::new(87).unwrap(),

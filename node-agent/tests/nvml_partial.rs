@@ -396,6 +396,33 @@ fn a_lost_energy_counter_is_sent_as_not_known_never_held_and_so_is_an_unread_lim
     assert_eq!((s.power_limit, s.power), (Watts(0), Watts(313)));
 }
 
+/// The enforced limit that does not answer has the limit set stand in
+/// for it (what the agent caps), marked so: never taken for the limit the
+/// driver enforces (`DCGM_FI_DEV_ENFORCED_POWER_LIMIT`).
+#[test]
+fn the_limit_set_standing_in_for_an_unread_enforced_limit_is_marked() {
+    let _one = logs::one_at_a_time();
+    let fake = Fake::default();
+    let mut gpu = NvmlGpu::new(Arc::new(fake.clone()), 0);
+    let s = gpu.sample().expect("a sample");
+    assert_eq!((s.power_limit, s.enforced_unread), (Watts(650), false));
+    for e in [
+        NvmlFailure::NotSupported,
+        NvmlFailure::Other(NO_DATA.into()),
+    ] {
+        fake.fail("enforced limit", Some(e.clone()));
+        let s = gpu.sample().expect("a sample");
+        assert_eq!(
+            (s.power_limit, s.enforced_unread),
+            (Watts(700), true),
+            "{e:?}: the limit set, marked"
+        );
+    }
+    fake.fail("enforced limit", None);
+    let s = gpu.sample().expect("asked again");
+    assert_eq!((s.power_limit, s.enforced_unread), (Watts(650), false));
+}
+
 /// NVML's words for `NVML_ERROR_UNKNOWN`.
 const UNKNOWN_ERROR: &str = "an internal driver error occurred";
 

@@ -176,7 +176,7 @@ const FIELDS: &[Field] = &[
             "Effective power limit the driver enforces (in W).",
         ),
         ALWAYS,
-        |s| (s.power_limit.0 > 0).then_some(s.power_limit.0.into()),
+        |s| (s.power_limit.0 > 0 && !s.enforced_unread).then_some(s.power_limit.0.into()),
     ),
     field(
         M::counter(

@@ -262,10 +262,12 @@ impl<A: NvmlApi> NvmlGpu<A> {
         if let Some(mw) = self.read(call::POWER_USAGE, what, u, |a, i| a.power_usage_mw(i))? {
             s.power = Watts::from_milliwatts(mw);
         }
-        // The enforced limit, else the limit set (what the agent caps);
-        // 0 W when neither is known.
+        // The enforced limit, else the limit set (what the agent caps),
+        // marked as not the enforced one; 0 W when neither is known.
         let what = "nvmlDeviceGetEnforcedPowerLimit";
-        let limit = match self.read(call::ENFORCED_LIMIT, what, u, |a, i| a.enforced_limit_mw(i))? {
+        let enforced = self.read(call::ENFORCED_LIMIT, what, u, |a, i| a.enforced_limit_mw(i))?;
+        s.enforced_unread = enforced.is_none();
+        let limit = match enforced {
             Some(mw) => Some(mw),
             None => self.read(
                 call::LIMIT,
