@@ -146,7 +146,11 @@ const CAP: Metric = Metric::gauge(
 );
 const CAP_CONFIRMED: Metric = Metric::gauge(
     "loopwarden_gpu_cap_confirmed",
-    "1 when the GPU's power limit was read back after the agent's last set (or at start), 0 while it is not confirmed (the read-back failed: the GPU may hold the cap asked or the limit before it); source, while 0, says who asked for the cap.",
+    "1 when the GPU's power limit was read back after the agent's last set (or at start), 0 while it is not confirmed (the read-back failed: the GPU may hold the cap asked or the limit before it); who asked for the cap is loopwarden_gpu_cap_unconfirmed_asked.",
+);
+const CAP_ASKED: Metric = Metric::gauge(
+    "loopwarden_gpu_cap_unconfirmed_asked",
+    "1 while the GPU's limit is not confirmed (loopwarden_gpu_cap_confirmed 0) and a cap was asked, source naming who asked. Absent while confirmed, or when no cap was asked.",
 );
 const NVML_CALL: Metric = Metric::gauge(
     "loopwarden_nvml_call_seconds",
@@ -382,12 +386,15 @@ fn gpu(out: &mut Exposition, host: &str, i: usize, g: &GpuView, xids_watched: bo
             }
         }
         // Not confirmed: no watts shown as if in force; who asked, if
-        // anyone, as a label.
-        (None, Some(source)) => {
-            let l = with_labels(&labels, &[("source", source_name(source))]);
-            out.flag(&CAP_CONFIRMED, &l, false);
+        // anyone, in a series of its own, so the unconfirmed series stays
+        // one (an asker that changes starts no new one).
+        (None, source) => {
+            out.flag(&CAP_CONFIRMED, &labels, false);
+            if let Some(source) = source {
+                let l = with_labels(&labels, &[("source", source_name(source))]);
+                out.sample(&CAP_ASKED, &l, 1.0);
+            }
         }
-        (None, None) => out.flag(&CAP_CONFIRMED, &labels, false),
     }
     if let Some(cap) = g.guard_cap {
         out.sample(&GUARD, &labels, cap.0.into());
@@ -633,14 +640,31 @@ mod tests {
             t.contains(&format!("loopwarden_gpu_cap_confirmed{{{l}}} 1\n")),
             "{t}"
         );
+        assert!(!t.contains("loopwarden_gpu_cap_unconfirmed_asked{"), "{t}");
         let mut g = view();
         g.applied = None;
         let t = text(&g);
+        // One unconfirmed series whoever asks (an alert on it held for a
+        // minute is not restarted by another asker); who asked beside it.
+        for (source, name) in [
+            (CapSource::Cooling, "cooling"),
+            (CapSource::Operator, "operator"),
+        ] {
+            g.source = Some(source);
+            let t = text(&g);
+            for line in [
+                format!("loopwarden_gpu_cap_confirmed{{{l}}} 0\n"),
+                format!("loopwarden_gpu_cap_unconfirmed_asked{{{l},source=\"{name}\"}} 1\n"),
+            ] {
+                assert!(t.contains(&line), "{line} in\n{t}");
+            }
+        }
+        g.source = None;
+        let none = text(&g);
+        assert!(none.contains(&format!("loopwarden_gpu_cap_confirmed{{{l}}} 0\n")));
         assert!(
-            t.contains(&format!(
-                "loopwarden_gpu_cap_confirmed{{{l},source=\"cooling\"}} 0\n"
-            )),
-            "{t}"
+            !none.contains("loopwarden_gpu_cap_unconfirmed_asked{"),
+            "{none}"
         );
         assert!(!t.contains("loopwarden_gpu_cap_watts{"), "{t}");
         assert!(!t.contains("DCGM_FI_DEV_POWER_MGMT_LIMIT{"), "{t}");
@@ -776,7 +800,7 @@ mod tests {
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .filter_map(|l| l.split(' ').next())
             .collect();
-        names.extend([INFO.name, STARTED.name, PROTECTION_OFF.name]);
+        names.extend([INFO.name, STARTED.name, PROTECTION_OFF.name, CAP_ASKED.name]);
         names.extend(dcgm::names());
         names.extend([
             MISSING.name,
