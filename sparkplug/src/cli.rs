@@ -146,6 +146,26 @@ impl Cli {
         })
     }
 
+    /// What to warn of at start when Sparkplug shares the Loopwarden
+    /// broker as a certificate's identity: the ACL of `lwbus pki init`
+    /// gives no identity an `spBv1.0` topic, and mosquitto drops a denied
+    /// publish and grants a denied subscription without a word, so the
+    /// bridge could publish nothing and never know.
+    pub fn shared_broker_caution(&self) -> Option<String> {
+        if self.sparkplug_broker.is_some() {
+            return None;
+        }
+        let cert = self.tls.tls_cert.as_ref()?;
+        Some(format!(
+            "Sparkplug shares the Loopwarden broker as the identity of {}: the broker's ACL must \
+             give it the rules of docs/sparkplug.md section 6 (an lwbus pki init reader has no \
+             spBv1.0 topic); if not, every birth and the NDEATH are dropped unseen (mosquitto \
+             says nothing): check that a host application receives the NBIRTH, or publish on \
+             another broker (--sparkplug-broker)",
+            cert.display()
+        ))
+    }
+
     fn sparkplug_tls(&self) -> Result<Option<Tls>> {
         let Some(ca) = self.sparkplug_tls_ca.clone() else {
             return Ok(None);
@@ -173,6 +193,9 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(caution) = cli.shared_broker_caution() {
+        tracing::warn!("{caution}");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -231,6 +254,30 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("--site:"));
+    }
+
+    #[test]
+    fn sharing_the_broker_with_a_certificate_is_cautioned_of_the_acl() {
+        let cli = |more: &[&str]| {
+            let mut all = vec!["lw-sparkplug", "--site", "hall-1", "--broker", "b"];
+            all.extend_from_slice(more);
+            Cli::parse_from(all)
+        };
+        let cert = [
+            "--tls-ca",
+            "ca.crt",
+            "--tls-cert",
+            "spb1.crt",
+            "--tls-key",
+            "spb1.key",
+        ];
+        let caution = cli(&cert).shared_broker_caution().expect("cautioned");
+        assert!(caution.contains("spb1.crt"), "{caution}");
+        assert!(caution.contains("section 6"), "{caution}");
+        let apart = [&cert[..], &["--sparkplug-broker", "s"]].concat();
+        assert_eq!(cli(&apart).shared_broker_caution(), None);
+        assert_eq!(cli(&["--tls-ca", "ca.crt"]).shared_broker_caution(), None);
+        assert_eq!(cli(&[]).shared_broker_caution(), None);
     }
 
     /// A broker given without a port is on MQTT's TLS port (8883) with
