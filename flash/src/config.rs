@@ -82,7 +82,11 @@ impl<S: MultiwriteNorFlash> ConfigStore<S> {
             return Err(StoreError::TooLarge { len: value.len() });
         }
         let k = key(k)?;
-        self.map.store_item(&mut self.buf, &k, &value).await?;
+        // Generic, not the crate's `dyn Value`: a `&dyn Value` held across
+        // the await would make every future that sets a key not `Send`.
+        self.map
+            .store_item_generic(&mut self.buf, &k, &value)
+            .await?;
         Ok(())
     }
 
@@ -128,5 +132,19 @@ impl<S: MultiwriteNorFlash> ConfigStore<S> {
     /// The flash back.
     pub fn into_flash(self) -> S {
         self.map.destroy().0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SimFlash;
+
+    fn sent<T: Send>(_: T) {}
+
+    #[test]
+    fn setting_a_key_can_be_awaited_on_any_thread() {
+        let mut c = ConfigStore::open(SimFlash::<4, 1024>::new(2), 0..2048).unwrap();
+        sent(c.set("guard.max_c", b"85"));
     }
 }
