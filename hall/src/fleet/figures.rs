@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use super::observer::Heard;
-use super::report::{percentile_ms, FleetReport};
+use super::report::{percentile_censored_ms, FleetReport};
 use super::{ctrl_bus, layout, Brokers, CduLayout, FleetConfig, Ran};
 use crate::play::CapFigures;
 use loopwarden_bus::MetricsSnapshot;
@@ -62,7 +62,7 @@ impl Ran {
         };
         self.frames(&mut r, heard);
         self.quarantines(&mut r, heard);
-        self.caps(&mut r);
+        self.caps(&mut r, layouts, plan);
         r
     }
 
@@ -163,8 +163,13 @@ impl Ran {
     }
 
     /// Cap step → each host's ack of the cap in force.
-    fn caps(&self, r: &mut FleetReport) {
-        cap_figures(&self.controllers, &self.caps_lost, r);
+    fn caps(&self, r: &mut FleetReport, layouts: &[CduLayout], plan: &layout::FaultPlan) {
+        let shortfall_hosts: Vec<String> = plan
+            .shortfall
+            .iter()
+            .flat_map(|&c| layouts[c].host_ids.iter().cloned())
+            .collect();
+        cap_figures(&self.controllers, &self.caps_lost, &shortfall_hosts, r);
     }
 }
 
@@ -192,16 +197,26 @@ fn quarantine_figures(
         .keys()
         .filter(|k| !injected.contains_key(*k))
         .count();
-    r.quarantine_p50_ms = percentile_ms(&lat, 50.0);
-    r.quarantine_p99_ms = percentile_ms(&lat, 99.0);
-    r.quarantine_max_ms = percentile_ms(&lat, 100.0);
+    // Every GPU injected is in the percentiles: those not measured (never
+    // heard quarantined, or before their failure) as the slowest.
+    let missing = r.xids_injected - lat.len();
+    r.quarantine_p50_ms = percentile_censored_ms(&lat, missing, 50.0);
+    r.quarantine_p99_ms = percentile_censored_ms(&lat, missing, 99.0);
+    r.quarantine_max_ms = percentile_censored_ms(&lat, missing, 100.0);
 }
 
 /// The caps figures of the controllers' cap watchers, by CDU: the hosts
 /// any command capped, those of them that acknowledged a cap in force
 /// (and by name those that never did), the ack latencies; `lost`, the
 /// CDUs whose watcher did not end, whose hosts are in none of them.
-fn cap_figures(controllers: &[(String, CapFigures)], lost: &[String], r: &mut FleetReport) {
+/// `shortfall_hosts`: the hosts of the CDUs in shortfall, those of them
+/// never capped named.
+fn cap_figures(
+    controllers: &[(String, CapFigures)],
+    lost: &[String],
+    shortfall_hosts: &[String],
+    r: &mut FleetReport,
+) {
     let mut lat = Vec::new();
     let mut capped = BTreeSet::new();
     let mut acked = BTreeSet::new();
@@ -214,6 +229,12 @@ fn cap_figures(controllers: &[(String, CapFigures)], lost: &[String], r: &mut Fl
             }
         }
     }
+    r.shortfall_hosts = shortfall_hosts.len();
+    r.shortfall_hosts_never_capped = shortfall_hosts
+        .iter()
+        .filter(|h| !capped.contains(*h))
+        .cloned()
+        .collect();
     r.hosts_capped = capped.len();
     r.hosts_caps_acked = capped.intersection(&acked).count();
     r.hosts_caps_never_acked = capped.difference(&acked).cloned().collect();
@@ -228,9 +249,12 @@ fn cap_figures(controllers: &[(String, CapFigures)], lost: &[String], r: &mut Fl
         .iter()
         .map(|(_, c)| c.last.as_ref().map_or(0, |l| l.steps))
         .collect();
-    r.caps_acked_p50_ms = percentile_ms(&lat, 50.0);
-    r.caps_acked_p99_ms = percentile_ms(&lat, 99.0);
-    r.caps_acked_max_ms = percentile_ms(&lat, 100.0);
+    // A capped host that never acknowledged is in the percentiles, as the
+    // slowest.
+    let missing = r.hosts_caps_never_acked.len();
+    r.caps_acked_p50_ms = percentile_censored_ms(&lat, missing, 50.0);
+    r.caps_acked_p99_ms = percentile_censored_ms(&lat, missing, 99.0);
+    r.caps_acked_max_ms = percentile_censored_ms(&lat, missing, 100.0);
 }
 
 /// The agents' events the broker acknowledged (`acked`: by host id, their
@@ -313,7 +337,7 @@ mod tests {
     #[test]
     fn every_host_ever_capped_counts_and_a_silent_one_is_named() {
         let mut r = FleetReport::default();
-        cap_figures(&[("cdu0".into(), two_episodes())], &[], &mut r);
+        cap_figures(&[("cdu0".into(), two_episodes())], &[], &[], &mut r);
         assert_eq!((r.hosts_caps_acked, r.hosts_capped), (2, 3));
         assert_eq!(r.hosts_caps_never_acked, vec!["b".to_string()]);
         assert!(
@@ -325,9 +349,39 @@ mod tests {
         let mut all = two_episodes();
         all.episodes[0].host_ack_s.push(("b".into(), 0.5));
         let mut r = FleetReport::default();
-        cap_figures(&[("cdu0".into(), all)], &[], &mut r);
+        cap_figures(&[("cdu0".into(), all)], &[], &[], &mut r);
         assert_eq!((r.hosts_caps_acked, r.hosts_capped), (3, 3));
         assert!(r.hosts_caps_never_acked.is_empty());
+    }
+
+    #[test]
+    fn a_silent_capped_host_and_an_uncapped_shortfall_host_leave_no_met_p99() {
+        // Hosts a, b, c of a CDU in shortfall and d; a and c acked, b never,
+        // d never capped.
+        let mut r = FleetReport::default();
+        let shortfall = ["a", "b", "c", "d"].map(String::from);
+        cap_figures(&[("cdu0".into(), two_episodes())], &[], &shortfall, &mut r);
+        assert_eq!(r.shortfall_hosts, 4);
+        assert_eq!(r.shortfall_hosts_never_capped, vec!["d".to_string()]);
+        assert_eq!(r.caps_acked_p50_ms, Some(600.0), "b counts as the slowest");
+        assert_eq!((r.caps_acked_p99_ms, r.caps_acked_max_ms), (None, None));
+        assert!(
+            r.summary()
+                .contains("of 4 hosts in shortfall never capped: d"),
+            "{}",
+            r.summary()
+        );
+        // An injected GPU never heard quarantined: the same.
+        let t0 = Instant::now();
+        let injected = HashMap::from([(("a".to_string(), 0u8), t0), (("b".to_string(), 1u8), t0)]);
+        let heard = HashMap::from([(
+            ("a".to_string(), 0u8),
+            t0 + std::time::Duration::from_millis(40),
+        )]);
+        quarantine_figures(&injected, &heard, &mut r);
+        assert_eq!(r.quarantine_p50_ms, Some(40.0));
+        assert_eq!((r.quarantine_p99_ms, r.quarantine_max_ms), (None, None));
+        assert!(r.summary().contains("1 not measured"), "{}", r.summary());
     }
 
     #[test]
@@ -339,6 +393,7 @@ mod tests {
                 ("cdu1".into(), CapFigures::default()),
             ],
             &["cdu1".to_string()],
+            &[],
             &mut r,
         );
         assert_eq!(r.cap_watchers_lost, vec!["cdu1".to_string()]);
@@ -368,8 +423,9 @@ mod tests {
             ),
             (2, 1, 1)
         );
+        // b is not measured: never 0 ms, and the slowest is unknown.
         assert_eq!(r.quarantine_p50_ms, Some(50.0));
-        assert_eq!(r.quarantine_max_ms, Some(50.0), "never 0 ms");
+        assert_eq!(r.quarantine_max_ms, None);
         assert!(
             r.summary()
                 .contains("1 heard quarantined before their failure"),

@@ -14,6 +14,21 @@ pub fn percentile_ms(v: &[f64], p: f64) -> Option<f64> {
     Some((1000.0 * s[i.clamp(1, s.len()) - 1] * 10.0).round() / 10.0)
 }
 
+/// Nearest-rank percentile `p` of `measured` and `missing` more that
+/// were never measured (each at least as slow as any measured: they did
+/// not happen within the run), ms; `None` when the rank falls among the
+/// missing, or there is none.
+pub fn percentile_censored_ms(measured: &[f64], missing: usize, p: f64) -> Option<f64> {
+    let n = measured.len() + missing;
+    let rank = ((p / 100.0) * n as f64).ceil() as usize;
+    if n == 0 || rank > measured.len() {
+        return None;
+    }
+    let mut s = measured.to_vec();
+    s.sort_by(f64::total_cmp);
+    Some((1000.0 * s[rank.max(1) - 1] * 10.0).round() / 10.0)
+}
+
 /// What a fleet run measured.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct FleetReport {
@@ -104,7 +119,9 @@ pub struct FleetReport {
     pub xids_injected: usize,
     /// Of those, heard quarantined by the observer.
     pub quarantines: usize,
-    /// XID to quarantined health at the observer, p50, ms.
+    /// XID to quarantined health at the observer, p50, ms, over every GPU
+    /// injected: a GPU never heard quarantined counts as slower than any
+    /// heard, and a percentile that falls among those is `null`.
     pub quarantine_p50_ms: Option<f64>,
     /// The same, p99, ms.
     pub quarantine_p99_ms: Option<f64>,
@@ -117,6 +134,10 @@ pub struct FleetReport {
     pub other_quarantines: usize,
     /// CDUs whose pumps failed.
     pub shortfall_cdus: usize,
+    /// Hosts of the CDUs in shortfall.
+    pub shortfall_hosts: usize,
+    /// Of those, hosts no controller's command ever capped, by id.
+    pub shortfall_hosts_never_capped: Vec<String>,
     /// Hosts the controllers' commands capped at some time.
     pub hosts_capped: usize,
     /// Of those, hosts that acknowledged a cap in force.
@@ -134,7 +155,9 @@ pub struct FleetReport {
     /// Each controller's control steps over the whole run (one a period,
     /// whatever the bus does).
     pub controller_steps: Vec<u64>,
-    /// Cap step to the host's ack of the cap in force, p50, ms.
+    /// Cap step to the host's ack of the cap in force, p50, ms; a capped
+    /// host that never acknowledged counts as slower than any ack, and a
+    /// percentile that falls among those is `null`.
     pub caps_acked_p50_ms: Option<f64>,
     /// The same, p99, ms.
     pub caps_acked_p99_ms: Option<f64>,
@@ -176,6 +199,13 @@ impl FleetReport {
     /// that never acknowledged and the CDUs whose cap watcher was lost.
     fn caps_unaccounted(&self) -> String {
         let mut s = String::new();
+        if !self.shortfall_hosts_never_capped.is_empty() {
+            s += &format!(
+                ", of {} hosts in shortfall never capped: {}",
+                self.shortfall_hosts,
+                self.shortfall_hosts_never_capped.join(" ")
+            );
+        }
         if !self.hosts_caps_never_acked.is_empty() {
             s += &format!(", never acked: {}", self.hosts_caps_never_acked.join(" "));
         }
@@ -204,10 +234,20 @@ impl FleetReport {
 
     /// What the quarantine figures leave out, for the summary.
     fn quarantines_unaccounted(&self) -> String {
-        match self.quarantined_before_injection {
-            0 => String::new(),
-            n => format!(", {n} heard quarantined before their failure (not counted)"),
+        let mut s = String::new();
+        if self.quarantined_before_injection > 0 {
+            s += &format!(
+                ", {} heard quarantined before their failure (not counted)",
+                self.quarantined_before_injection
+            );
         }
+        if self.quarantines < self.xids_injected {
+            s += &format!(
+                ", {} not measured (slower than the run: a percentile among them is -)",
+                self.xids_injected - self.quarantines
+            );
+        }
+        s
     }
 
     /// The short summary.
@@ -290,6 +330,18 @@ mod tests {
         assert_eq!(percentile_ms(&v, 50.0), Some(20.0));
         assert_eq!(percentile_ms(&v, 99.0), Some(40.0));
         assert_eq!(percentile_ms(&[], 50.0), None);
+    }
+
+    #[test]
+    fn a_percentile_among_the_unmeasured_is_unknown_not_the_slowest_measured() {
+        // 95 of 100 measured: p50 is known, p99 and the slowest are not.
+        let v: Vec<f64> = (1..=95).map(|i| i as f64 / 1000.0).collect();
+        assert_eq!(percentile_censored_ms(&v, 5, 50.0), Some(50.0));
+        assert_eq!(percentile_censored_ms(&v, 5, 95.0), Some(95.0));
+        assert_eq!(percentile_censored_ms(&v, 5, 99.0), None);
+        assert_eq!(percentile_censored_ms(&v, 5, 100.0), None);
+        assert_eq!(percentile_censored_ms(&v, 0, 99.0), percentile_ms(&v, 99.0));
+        assert_eq!(percentile_censored_ms(&[], 3, 50.0), None);
     }
 
     #[test]
