@@ -3,18 +3,7 @@
 
 use serde::Serialize;
 
-/// Nearest-rank percentile `p` (0–100) of `v`, ms; `None` when empty.
-pub fn percentile_ms(v: &[f64], p: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let i = ((p / 100.0) * s.len() as f64).ceil() as usize;
-    Some((1000.0 * s[i.clamp(1, s.len()) - 1] * 10.0).round() / 10.0)
-}
-
-/// Nearest-rank percentile `p` of `measured` and `missing` more that
+/// Nearest-rank percentile `p` (0–100) of `measured` and `missing` more that
 /// were never measured (each at least as slow as any measured: they did
 /// not happen within the run), ms; `None` when the rank falls among the
 /// missing, or there is none.
@@ -327,9 +316,9 @@ mod tests {
     #[test]
     fn percentiles_are_nearest_rank_in_ms() {
         let v = [0.010, 0.020, 0.030, 0.040];
-        assert_eq!(percentile_ms(&v, 50.0), Some(20.0));
-        assert_eq!(percentile_ms(&v, 99.0), Some(40.0));
-        assert_eq!(percentile_ms(&[], 50.0), None);
+        assert_eq!(percentile_censored_ms(&v, 0, 50.0), Some(20.0));
+        assert_eq!(percentile_censored_ms(&v, 0, 99.0), Some(40.0));
+        assert_eq!(percentile_censored_ms(&[], 0, 50.0), None);
     }
 
     #[test]
@@ -340,7 +329,7 @@ mod tests {
         assert_eq!(percentile_censored_ms(&v, 5, 95.0), Some(95.0));
         assert_eq!(percentile_censored_ms(&v, 5, 99.0), None);
         assert_eq!(percentile_censored_ms(&v, 5, 100.0), None);
-        assert_eq!(percentile_censored_ms(&v, 0, 99.0), percentile_ms(&v, 99.0));
+        assert_eq!(percentile_censored_ms(&v, 0, 99.0), Some(95.0));
         assert_eq!(percentile_censored_ms(&[], 3, 50.0), None);
     }
 
