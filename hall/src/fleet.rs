@@ -174,6 +174,13 @@ pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
             cfg.duration_s
         )));
     }
+    if let (Some(o), true) = (&cfg.observer_broker, cfg.brokers.is_empty()) {
+        return Err(FleetError::Refused(format!(
+            "--observer-broker {o} without --broker: the agents and controllers would \
+             publish on the embedded broker, which the observer would not hear; give \
+             --broker too, or neither"
+        )));
+    }
     let plan = cfg.fault_plan(&layouts);
     // Per agent: its two bus sockets, the main one and the presence one
     // (and the broker's ends when embedded), its flash file and its
@@ -682,6 +689,21 @@ mod tests {
                 }
                 other => panic!("--shortfall-at {at}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn an_observer_broker_without_brokers_is_refused_by_its_flags() {
+        let cfg = FleetConfig {
+            observer_broker: Some("127.0.0.1:1".parse().unwrap()),
+            ..FleetConfig::new(4, 1, 60)
+        };
+        match run(&cfg) {
+            Err(FleetError::Refused(e)) => {
+                assert!(e.contains("--observer-broker 127.0.0.1:1"), "{e}");
+                assert!(e.contains("without --broker"), "{e}");
+            }
+            other => panic!("{other:?}"),
         }
     }
 }
