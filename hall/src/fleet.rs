@@ -181,6 +181,7 @@ pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
              --broker too, or neither"
         )));
     }
+    refuse_faults(cfg)?;
     let plan = cfg.fault_plan(&layouts);
     // Per agent: its two bus sockets, the main one and the presence one
     // (and the broker's ends when embedded), its flash file and its
@@ -255,6 +256,25 @@ pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
     agents_rt.shutdown_timeout(Duration::from_secs(5));
     main_rt.shutdown_timeout(Duration::from_secs(5));
     Ok(ran.report(cfg, &layouts, &plan, &broker, &heard))
+}
+
+/// Refuses more faults than the fleet has room for: one GPU failed per
+/// host (`--xids` at most `--hosts`), `--shortfall-cdus` at most
+/// `--cdus`. The defaults always fit.
+fn refuse_faults(cfg: &FleetConfig) -> Result<(), FleetError> {
+    if let Some(x) = cfg.xids.filter(|&x| x > cfg.hosts) {
+        return Err(FleetError::Refused(format!(
+            "--xids {x}: one GPU fails per host, so at most --hosts ({})",
+            cfg.hosts
+        )));
+    }
+    if let Some(k) = cfg.shortfall_cdus.filter(|&k| k > cfg.cdus) {
+        return Err(FleetError::Refused(format!(
+            "--shortfall-cdus {k}: at most --cdus ({})",
+            cfg.cdus
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses an `--out` that holds a host's flash file from an earlier run:
@@ -688,6 +708,30 @@ mod tests {
                     assert!(e.contains("--duration 60"), "{e}");
                 }
                 other => panic!("--shortfall-at {at}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn more_faults_than_the_fleet_holds_are_refused_by_their_flags() {
+        let xids = FleetConfig {
+            xids: Some(5),
+            ..FleetConfig::new(4, 1, 60)
+        };
+        let cdus = FleetConfig {
+            shortfall_cdus: Some(3),
+            ..FleetConfig::new(4, 2, 60)
+        };
+        for (cfg, want) in [
+            (
+                xids,
+                "--xids 5: one GPU fails per host, so at most --hosts (4)",
+            ),
+            (cdus, "--shortfall-cdus 3: at most --cdus (2)"),
+        ] {
+            match run(&cfg) {
+                Err(FleetError::Refused(e)) => assert_eq!(e, want),
+                other => panic!("{want}: {other:?}"),
             }
         }
     }

@@ -168,10 +168,12 @@ struct FleetArgs {
     /// else the embedded one].
     #[arg(long, value_name = "HOST:PORT")]
     observer_broker: Option<String>,
-    /// GPUs to fail (XID 79) [default: one host in ten, at least 2].
+    /// GPUs to fail (XID 79), one per host, at most --hosts [default: one
+    /// host in ten, at least 2].
     #[arg(long)]
     xids: Option<usize>,
-    /// CDUs whose pumps fail [default: the fewest that hold 128 hosts].
+    /// CDUs whose pumps fail, at most --cdus [default: the fewest that
+    /// hold 128 hosts].
     #[arg(long)]
     shortfall_cdus: Option<usize>,
     /// When the pumps fail, seconds into the run [default: a tenth of it].
