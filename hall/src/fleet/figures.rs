@@ -125,6 +125,7 @@ impl Ran {
             heard.connection_errors,
         ];
         r.frames_received = heard.received;
+        r.frames_undecodable = heard.undecodable;
         r.received_by_family = heard.by_family.clone();
         r.events_by_kind = heard.events.clone();
         r.frames_lost = r.frames_published as i64 - r.frames_received as i64;

@@ -97,7 +97,8 @@ pub struct Heard {
     /// Distinct QoS 1 messages (frames by sender and sequence number,
     /// mirrors as received).
     pub received_qos1: u64,
-    /// Frames that did not decode.
+    /// Messages on the site tree whose topic or frame did not decode (not
+    /// in `received`).
     pub undecodable: u64,
     /// Each sender's frames (`host/c1r0h0`, `cdu/cdu1`).
     pub senders: HashMap<String, SeqTrack>,
@@ -124,26 +125,27 @@ pub struct Heard {
 
 impl Heard {
     fn message(&mut self, topic: &str, payload: &[u8], now: Instant) {
+        self.last_at = Some(now);
         let Ok(t) = Topic::parse(topic) else {
-            self.received += 1;
+            self.undecodable += 1;
             return;
         };
         if t.family == Family::Resend {
             return; // the observer's own requests, or another reader's
         }
-        self.received += 1;
-        self.last_at = Some(now);
         let qos1 = t.family.qos() == Qos::AtLeastOnce;
         let family = format!("{}{:?}", if t.json { "json/" } else { "" }, t.family);
-        *self.by_family.entry(family.to_lowercase()).or_default() += 1;
         if t.json {
-            self.received_qos1 += u64::from(qos1);
+            self.counted(family, qos1);
             return;
         }
+        // A frame that does not decode is counted apart, never as received.
         let Ok(f) = Frame::decode(payload) else {
             self.undecodable += 1;
             return;
         };
+        self.received += 1;
+        *self.by_family.entry(family.to_lowercase()).or_default() += 1;
         if t.family == Family::Resent {
             self.resent(f);
             return;
@@ -166,6 +168,13 @@ impl Heard {
             }
             _ => {}
         }
+    }
+
+    /// A JSON mirror received on `family`'s topic.
+    fn counted(&mut self, family: String, qos1: bool) {
+        self.received += 1;
+        *self.by_family.entry(family.to_lowercase()).or_default() += 1;
+        self.received_qos1 += u64::from(qos1);
     }
 
     /// A frame on a `resent` topic: the report of a request, numbered as
@@ -446,6 +455,19 @@ mod tests {
             (asked, h.resend_requests, h.resend_requests_unsent),
             (5, 2, 3)
         );
+    }
+
+    #[test]
+    fn a_frame_that_does_not_decode_is_counted_apart_not_as_received() {
+        let mut heard = Heard::default();
+        let now = Instant::now();
+        let topic = "dc/v2/lab/host/h1/telemetry";
+        let f = samples::frame(MessageKind::HostTelemetry);
+        heard.message(topic, &f.to_vec().unwrap(), now);
+        heard.message(topic, b"\x00 not a frame", now);
+        heard.message("dc/v2/lab/no/such/topic/at/all", b"x", now);
+        assert_eq!((heard.received, heard.undecodable), (1, 2));
+        assert_eq!(heard.by_family.values().sum::<u64>(), 1);
     }
 
     #[test]

@@ -47,8 +47,11 @@ pub struct FleetReport {
     /// Messages every agent's and controller's bus client handed to the
     /// broker (frames, JSON mirrors, presence, commands).
     pub frames_published: u64,
-    /// Messages the observer received on the site tree.
+    /// Messages the observer received on the site tree (that decoded).
     pub frames_received: u64,
+    /// Messages it received there whose topic or frame did not decode:
+    /// not in `frames_received`.
+    pub frames_undecodable: u64,
     /// Of those, by family (`json/` for the mirrors).
     pub received_by_family: std::collections::BTreeMap<String, u64>,
     /// Event frames received, by kind of event.
@@ -244,7 +247,7 @@ impl FleetReport {
         let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} ms"));
         format!(
             "fleet: {} hosts on {} CDUs ({}), {} s, broker {}\n\
-             frames: {} published, {} received, {} lost; QoS 1 not received {}, \
+             frames: {} published, {} received, {} lost, {} undecodable; QoS 1 not received {}, \
              events acked by the broker {}, of them lost {}, repaired {}, lost after repair {}, \
              sequence gaps {}; \
              connections lost (agents, controllers, observer) {:?}\n\
@@ -261,6 +264,7 @@ impl FleetReport {
             self.frames_published,
             self.frames_received,
             self.frames_lost,
+            self.frames_undecodable,
             self.qos1_not_received,
             self.events_acked,
             self.qos1_events_lost,
