@@ -120,8 +120,9 @@ fn stale_key(id: u64) -> String {
 /// this start (`renumbered`, said then) kept with those kept before, and
 /// said at every start while the GPU stays quarantined: the agent cannot
 /// see the scheduler undo them. An index whose GPU is quarantined now
-/// holds its own tag, and a GPU released by an operator (not quarantined)
-/// ends its record: neither is said again. Returns what is said, by GPU.
+/// holds its own tag, and a GPU released by an operator (not quarantined,
+/// its kept state read: one unreadable may be quarantined still) ends
+/// its record: neither is said again. Returns what is said, by GPU.
 pub(in crate::shell) async fn stale_tags(
     store: &mut ConfigStore<Flash>,
     health: &node_core::health::HealthEngine,
@@ -157,7 +158,13 @@ pub(in crate::shell) async fn stale_tags(
         stale.sort_unstable();
         stale.dedup();
         stale.retain(|&was| !quarantined(was));
-        if !quarantined(gpu) {
+        // Released (its kept state read, not quarantined): resolved. One
+        // whose kept state was unreadable may be quarantined still.
+        let released = health.status(gpu).is_some_and(|st| {
+            st.state != HealthState::Quarantined
+                && st.reason != loopwarden_protocol::ReasonCode::KEPT_STATE_UNREADABLE
+        });
+        if released {
             stale.clear();
         }
         if kept.as_deref().unwrap_or_default() != stale.as_slice() {
@@ -320,6 +327,20 @@ mod tests {
         done_as(&mut store, 1);
         assert_eq!(run(&mut store, &health(&[1])), Vec::<u8>::new());
         assert_eq!(said(&mut store, &health(&[1])), vec![(1, vec![2])]);
+        assert_eq!(said(&mut store, &health(&[1])), vec![(1, vec![2])]);
+        // Its kept state unreadable at a start (marked degraded, maybe
+        // still quarantined): the record stays, said.
+        let mut unreadable = health(&[]);
+        unreadable.restore(
+            1,
+            GpuStatus {
+                state: HealthState::Degraded,
+                reason: ReasonCode::KEPT_STATE_UNREADABLE,
+                since: TimestampMs(SINCE),
+                evidence: "kept state unreadable".into(),
+            },
+        );
+        assert_eq!(said(&mut store, &unreadable), vec![(1, vec![2])]);
         assert_eq!(said(&mut store, &health(&[1])), vec![(1, vec![2])]);
         // GPU 2 quarantined too: the tag is its own.
         assert_eq!(said(&mut store, &health(&[1, 2])), vec![]);
