@@ -442,7 +442,9 @@ async fn run_parts(
     let agents_start_s = begun.elapsed().as_secs_f64();
     let cpu_start = procstat::threads();
     let load_start = report::load_avg();
-    tracing::info!(
+    // A progress line, whatever the log level: a procedure times its
+    // steps from it (docs/scale.md, "Broker cluster").
+    eprintln!(
         "fleet: every agent connected in {agents_start_s:.1} s; the halls run for {} s",
         cfg.duration_s
     );

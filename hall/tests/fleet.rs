@@ -141,6 +141,11 @@ fn a_second_run_into_the_same_out_folder_is_refused_naming_it() {
     let first = small_fleet(&out);
     let stderr = String::from_utf8_lossy(&first.stderr);
     assert!(first.status.success(), "{stderr}");
+    // The progress line a procedure waits for, at the default log level.
+    assert!(
+        stderr.contains("fleet: every agent connected in "),
+        "{stderr}"
+    );
     assert!(
         out.join("c1r0h0/flash.bin").exists(),
         "the first run's flash"
