@@ -2,7 +2,7 @@
 //! Home Assistant) and for people, and a JSON Schema per message kind.
 //!
 //! ```json
-//! {"protocol":"2.9","sender":{"role":"host","id":"h07"},"seq":42,"time_ms":1764450000000,
+//! {"protocol":"2.10","sender":{"role":"host","id":"h07"},"seq":42,"time_ms":1764450000000,
 //!  "kind":"host_telemetry","body":{...}}
 //! ```
 //!

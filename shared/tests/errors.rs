@@ -121,7 +121,7 @@ fn errors_say_what_was_wrong() {
     };
     assert_eq!(
         e.to_string(),
-        "protocol version 3.1 is not supported (this reader speaks 2.9)"
+        "protocol version 3.1 is not supported (this reader speaks 2.10)"
     );
     let e = DecodeError::BadCrc {
         carried: 1,

@@ -6,7 +6,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use loopwarden_protocol::{samples, Frame, MessageKind};
+use loopwarden_protocol::{samples, Frame, MessageKind, PROTOCOL};
 
 fn fixture_path(kind: MessageKind) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -63,6 +63,46 @@ fn every_kind_matches_its_golden_bytes() {
     }
 }
 
+/// The golden bytes of the minor before this one, as its build wrote them
+/// (`tests/golden/2.9/`): every frame still decodes to the same message,
+/// and the signed ones verify with the minor their signer wrote in byte 1
+/// (docs/bus.md sections 9.4 and 10).
+#[test]
+fn the_previous_minors_golden_bytes_decode_and_verify() {
+    assert_eq!(PROTOCOL.minor, 10, "keep the goldens of the minor before");
+    let key = samples::demo_signing_key().verifying_key();
+    for kind in MessageKind::ALL {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden/2.9")
+            .join(format!("{}.hex", kind.name()));
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let bytes = from_hex(&text);
+        assert_eq!(bytes[1], 9, "{}", path.display());
+        let frame = Frame::decode(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let sample = samples::frame(kind);
+        let topic = match kind {
+            MessageKind::CapLease | MessageKind::QuarantineRelease => samples::command_topic(),
+            MessageKind::CduState => samples::cdu_state_topic(),
+            MessageKind::ResendRequest => samples::resend_topic(),
+            _ => {
+                assert_eq!(frame, sample, "{} decodes differently", kind.name());
+                continue;
+            }
+        };
+        // Signed over the 2.9 bytes: the same message, another signature.
+        let now = sample.to_vec().unwrap();
+        let unsigned = |b: &[u8]| b[2..b.len() - 68].to_vec();
+        assert_eq!(unsigned(&bytes), unsigned(&now), "{}", kind.name());
+        assert_eq!(
+            frame.verify(&topic, |_, id| (id == 1).then_some(&key)),
+            Ok(()),
+            "{} signed at 2.9",
+            kind.name()
+        );
+    }
+}
+
 /// The size target of the wire format: an 8-GPU host's telemetry frame at
 /// load fits 256 bytes (see docs/benchmarks.md for how values move it).
 #[test]
@@ -78,7 +118,7 @@ fn eight_gpu_telemetry_fits_256_bytes() {
 fn golden_header_layout_is_as_documented() {
     let bytes = samples::frame(MessageKind::Event).to_vec().unwrap();
     assert_eq!(bytes[0], 2, "major version first");
-    assert_eq!(bytes[1], 9, "minor version second");
+    assert_eq!(bytes[1], 10, "minor version second");
     assert_eq!(bytes[2], MessageKind::Event as u8, "kind third");
     // The trailing CRC is the zlib CRC-32 of everything before it.
     let (content, crc) = bytes.split_at(bytes.len() - 4);

@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use loopwarden_protocol::{json, samples, Frame, MessageKind};
+use loopwarden_protocol::{json, samples, Frame, MessageKind, Version, PROTOCOL};
 
 fn schema_path(kind: MessageKind) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -42,7 +42,7 @@ fn sample_json_names_its_kind_and_round_trips() {
         let text = frame.to_json();
         let value: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(value["kind"], kind.name());
-        assert_eq!(value["protocol"], "2.9");
+        assert_eq!(value["protocol"], "2.10");
         assert_eq!(Frame::from_json(&text).unwrap(), frame);
     }
 }
@@ -62,7 +62,7 @@ fn json_reads_like_units() {
 #[test]
 fn json_refuses_bad_input_with_a_reason() {
     let good = samples::frame(MessageKind::Online).to_json();
-    let newer = good.replace(r#""protocol":"2.9""#, r#""protocol":"3.0""#);
+    let newer = good.replace(r#""protocol":"2.10""#, r#""protocol":"3.0""#);
     assert!(Frame::from_json(&newer)
         .unwrap_err()
         .to_string()
@@ -75,4 +75,36 @@ fn json_refuses_bad_input_with_a_reason() {
         .to_string()
         .contains("percent"));
     assert!(Frame::from_json("{").is_err());
+}
+
+/// A two-digit minor is a number: 2.10 is newer than 2.9 (not older, as
+/// the strings would sort), prints as "2.10", and JSON of any minor of
+/// this major, one or two digits, older or newer, is read.
+#[test]
+fn a_two_digit_minor_is_read_and_compared_as_a_number() {
+    assert_eq!(PROTOCOL.to_string(), "2.10");
+    let older = Version { major: 2, minor: 9 };
+    assert!(PROTOCOL > older, "2.10 is newer than 2.9");
+    assert!("2.10" < "2.9", "as strings they sort the other way");
+    let frame = samples::frame(MessageKind::Online);
+    let good = frame.to_json();
+    assert!(good.contains(r#""protocol":"2.10""#), "{good}");
+    for version in ["2.9", "2.10", "2.11", "2.255"] {
+        let text = good.replace(
+            r#""protocol":"2.10""#,
+            &format!(r#""protocol":"{version}""#),
+        );
+        assert_eq!(Frame::from_json(&text).unwrap(), frame, "{version}");
+    }
+    for version in ["3.10", "1.10", "2", "2.", "2.x", "2.256"] {
+        let text = good.replace(
+            r#""protocol":"2.10""#,
+            &format!(r#""protocol":"{version}""#),
+        );
+        let e = Frame::from_json(&text).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("{version:?}")) && e.contains("speaks 2.10"),
+            "{e}"
+        );
+    }
 }
