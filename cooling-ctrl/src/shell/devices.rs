@@ -644,10 +644,16 @@ mod held_reason;
 mod never_read_back;
 #[cfg(test)]
 mod refused_read_back;
+#[cfg(test)]
+mod scripted;
 
 #[cfg(test)]
 mod tests {
+    use super::scripted::{
+        beat, every_setting, not_held, refused, run, valves_not_held, Script, Scripted,
+    };
     use super::*;
+    use crate::modbus::CduError;
 
     /// A clear reads the fault bit where there is one, refuses while the
     /// CDU is unread, and says so where the map has no bit.
@@ -674,18 +680,12 @@ mod tests {
         shown: [Option<bool>; 2],
     }
 
-    impl CduPort for Faults {
-        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
+    impl Script for Faults {
+        fn read(&mut self) -> Result<CduMeasurements, CduError> {
             Ok(CduMeasurements {
                 pump_faults: self.shown,
                 ..CduMeasurements::default()
             })
-        }
-        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
-            Ok(())
-        }
-        fn limits(&self) -> MapLimits {
-            Silent::default().limits()
         }
         fn pump_fault_bits(&self) -> [bool; 2] {
             self.mapped
@@ -694,40 +694,31 @@ mod tests {
 
     /// A CDU whose reads answer in part: one request refused.
     struct InPart {
-        gaps: Vec<crate::modbus::CduError>,
+        gaps: Vec<CduError>,
     }
 
-    impl CduPort for InPart {
-        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
+    impl Script for InPart {
+        fn read(&mut self) -> Result<CduMeasurements, CduError> {
             Ok(CduMeasurements {
                 leaks: Some(0b100),
                 ..CduMeasurements::default()
             })
         }
-        fn read_gaps(&self) -> &[crate::modbus::CduError] {
+        fn read_gaps(&self) -> &[CduError] {
             &self.gaps
-        }
-        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
-            Ok(())
-        }
-        fn limits(&self) -> MapLimits {
-            Silent::default().limits()
-        }
-        fn pump_fault_bits(&self) -> [bool; 2] {
-            [true; 2]
         }
     }
 
     #[test]
     fn a_read_that_answered_in_part_is_kept_and_counted_as_a_read_error() {
-        let refused = crate::modbus::CduError::Refused {
+        let refused = CduError::Refused {
             op: "read input 10-20 (it_power to outdoor_temp)".into(),
             code: 4,
             meaning: crate::modbus::exception_meaning(4),
         };
-        let cdu = InPart {
+        let cdu = Scripted(InPart {
             gaps: vec![refused],
-        };
+        });
         let mut d = Devices::new(cdu, None);
         let mut stats = ShellStats::default();
         let r = run(d.read_cdu(&mut stats)).expect("the readings that answered");
@@ -749,42 +740,21 @@ mod tests {
     /// A CDU that echoes every write and holds 40 °C for any setpoint.
     struct Clamps;
 
-    impl CduPort for Clamps {
-        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
-            Ok(CduMeasurements::default())
-        }
-        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
-            Ok(())
-        }
-        async fn read_back(&mut self, written: &[Write]) -> ReadBack {
+    impl Script for Clamps {
+        fn read_back(&mut self, written: &[Write]) -> ReadBack {
             let setpoint = written.iter().find(|w| w.setting == Setting::Setpoint);
-            let not_held = setpoint
-                .filter(|w| w.value != 40.0)
-                .map(|_| {
-                    let e = crate::modbus::CduError::BadAnswer {
-                        op: "write supply_setpoint at holding 0".into(),
-                        detail: "holding 0 reads back value 40 °C".into(),
-                    };
-                    (vec![Setting::Setpoint], e)
-                })
-                .into_iter()
-                .collect();
-            ReadBack {
-                not_held,
-                ..ReadBack::default()
+            match setpoint {
+                Some(w) if w.value != 40.0 => {
+                    not_held(vec![Setting::Setpoint], "supply_setpoint", 0, "value 40 °C")
+                }
+                _ => ReadBack::default(),
             }
-        }
-        fn limits(&self) -> MapLimits {
-            Silent::default().limits()
-        }
-        fn pump_fault_bits(&self) -> [bool; 2] {
-            [true; 2]
         }
     }
 
     #[test]
     fn a_setting_the_cdu_does_not_hold_after_its_echo_is_not_taken() {
-        let mut d = Devices::new(Clamps, None);
+        let mut d = Devices::new(Scripted(Clamps), None);
         let mut stats = ShellStats::default();
         let o = run(d.write(&every_setting(), &mut stats));
         assert_eq!(failed_with(&o, "reads back value 40"), [Setting::Setpoint]);
@@ -802,36 +772,18 @@ mod tests {
     /// (function 3 on its holding registers) with exception 1.
     struct NoReadBack;
 
-    impl CduPort for NoReadBack {
-        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
-            Ok(CduMeasurements::default())
-        }
-        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
-            Ok(())
-        }
-        async fn read_back(&mut self, written: &[Write]) -> ReadBack {
-            let e = crate::modbus::CduError::Refused {
-                op: "read back holding 0-4 (supply_setpoint to pumps_run)".into(),
-                code: 1,
-                meaning: crate::modbus::exception_meaning(1),
-            };
-            let settings = written.iter().map(|w| w.setting).collect();
-            ReadBack {
-                unread: vec![(settings, e)],
-                ..ReadBack::default()
-            }
-        }
-        fn limits(&self) -> MapLimits {
-            Silent::default().limits()
-        }
-        fn pump_fault_bits(&self) -> [bool; 2] {
-            [true; 2]
+    impl Script for NoReadBack {
+        fn read_back(&mut self, written: &[Write]) -> ReadBack {
+            refused(written, READ_BACK, 1)
         }
     }
 
+    /// The read-back of the scripted CDUs here, in the CDU's words.
+    const READ_BACK: &str = "read back holding 0-4 (supply_setpoint to pumps_run)";
+
     #[test]
     fn a_read_back_that_fails_leaves_the_settings_taken_and_is_a_read_error() {
-        let mut d = Devices::new(NoReadBack, None);
+        let mut d = Devices::new(Scripted(NoReadBack), None);
         let mut stats = ShellStats::default();
         for step in 1..=3 {
             let o = run(d.write(&every_setting(), &mut stats));
@@ -850,37 +802,16 @@ mod tests {
     /// A CDU that echoes every write and holds its valves otherwise.
     struct ValvesNotHeld;
 
-    impl CduPort for ValvesNotHeld {
-        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
-            Ok(CduMeasurements::default())
-        }
-        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
-            Ok(())
-        }
-        async fn read_back(&mut self, _: &[Write]) -> ReadBack {
-            let e = crate::modbus::CduError::BadAnswer {
-                op: "write valves_open at holding 3".into(),
-                detail: "holding 3 reads back value 0".into(),
-            };
-            ReadBack {
-                not_held: vec![(vec![Setting::Valves], e)],
-                ..ReadBack::default()
-            }
-        }
-        fn limits(&self) -> MapLimits {
-            Silent::default().limits()
-        }
-        fn pump_fault_bits(&self) -> [bool; 2] {
-            [true; 2]
+    impl Script for ValvesNotHeld {
+        fn read_back(&mut self, _: &[Write]) -> ReadBack {
+            valves_not_held()
         }
     }
 
     #[test]
     fn a_safety_setting_not_held_holds_the_next_heartbeat_back() {
-        let mut d = Devices::new(ValvesNotHeld, None);
+        let mut d = Devices::new(Scripted(ValvesNotHeld), None);
         let mut stats = ShellStats::default();
-        let beat =
-            |o: &Outcome| (o.tried.iter()).any(|(s, r)| *s == Setting::Heartbeat && r.is_ok());
         let first = run(d.write(&every_setting(), &mut stats));
         assert!(
             beat(&first),
@@ -893,82 +824,34 @@ mod tests {
     }
 
     /// A CDU that echoes every write and whose read-backs answer in turn
-    /// as `answers` says: `Some(true)` finds the valves not held,
-    /// `Some(false)` every setting held, `None` fails (exception 6) for
-    /// every setting.
-    struct ReadBackInTurn {
+    /// as `answers` says: `Some(true)` finds what `not_held` says not
+    /// held, `Some(false)` every setting held, `None` fails for every
+    /// setting, refused with exception `code`.
+    struct InTurn {
         answers: std::collections::VecDeque<Option<bool>>,
+        code: u8,
+        not_held: fn(&[Write]) -> ReadBack,
     }
 
-    impl CduPort for ReadBackInTurn {
-        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
-            Ok(CduMeasurements::default())
+    impl InTurn {
+        /// Whose read-backs find the valves not held (`Some(true)`) or
+        /// are refused with exception `code` (`None`), in turn.
+        fn valves(answers: &[Option<bool>], code: u8) -> Scripted<InTurn> {
+            Scripted(InTurn {
+                answers: answers.iter().copied().collect(),
+                code,
+                not_held: |_| valves_not_held(),
+            })
         }
-        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
-            Ok(())
-        }
-        async fn read_back(&mut self, written: &[Write]) -> ReadBack {
+    }
+
+    impl Script for InTurn {
+        fn read_back(&mut self, written: &[Write]) -> ReadBack {
             match self.answers.pop_front().expect("a read-back answer") {
-                Some(true) => ValvesNotHeld.read_back(written).await,
+                Some(true) => (self.not_held)(written),
                 Some(false) => ReadBack::default(),
-                None => {
-                    let e = crate::modbus::CduError::Refused {
-                        op: "read back holding 0-4 (supply_setpoint to pumps_run)".into(),
-                        code: 6,
-                        meaning: crate::modbus::exception_meaning(6),
-                    };
-                    let settings = written.iter().map(|w| w.setting).collect();
-                    ReadBack {
-                        unread: vec![(settings, e)],
-                        ..ReadBack::default()
-                    }
-                }
+                None => refused(written, READ_BACK, self.code),
             }
-        }
-        fn limits(&self) -> MapLimits {
-            Silent::default().limits()
-        }
-        fn pump_fault_bits(&self) -> [bool; 2] {
-            [true; 2]
-        }
-    }
-
-    /// A CDU that echoes every write, whose first read-back finds the
-    /// valves not held and whose later ones it refuses with exception 1
-    /// (no function 3 there).
-    #[derive(Default)]
-    struct ValvesThenNotServed {
-        read_backs: usize,
-    }
-
-    impl CduPort for ValvesThenNotServed {
-        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
-            Ok(CduMeasurements::default())
-        }
-        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
-            Ok(())
-        }
-        async fn read_back(&mut self, written: &[Write]) -> ReadBack {
-            self.read_backs += 1;
-            if self.read_backs == 1 {
-                return ValvesNotHeld.read_back(written).await;
-            }
-            let e = crate::modbus::CduError::Refused {
-                op: "read back holding 0-4 (supply_setpoint to pumps_run)".into(),
-                code: 1,
-                meaning: crate::modbus::exception_meaning(1),
-            };
-            let settings = written.iter().map(|w| w.setting).collect();
-            ReadBack {
-                unread: vec![(settings, e)],
-                ..ReadBack::default()
-            }
-        }
-        fn limits(&self) -> MapLimits {
-            Silent::default().limits()
-        }
-        fn pump_fault_bits(&self) -> [bool; 2] {
-            [true; 2]
         }
     }
 
@@ -978,7 +861,10 @@ mod tests {
     /// never reported taken while the heartbeat is held for it.
     #[test]
     fn a_setting_not_held_is_reported_not_taken_while_it_holds_the_heartbeat_back() {
-        let mut d = Devices::new(ValvesThenNotServed::default(), None);
+        // Its first read-back finds the valves not held; it refuses the
+        // later ones with exception 1 (no function 3 there).
+        let cdu = InTurn::valves(&[Some(true), None, None, None], 1);
+        let mut d = Devices::new(cdu, None);
         let mut stats = ShellStats::default();
         let steps: Vec<(bool, bool)> = (0..4)
             .map(|_| {
@@ -1002,15 +888,8 @@ mod tests {
     #[test]
     fn a_read_back_that_fails_keeps_the_heartbeat_held_back_until_one_reads_it_held() {
         let answers = [Some(true), None, Some(true), None, Some(false), None];
-        let mut d = Devices::new(
-            ReadBackInTurn {
-                answers: answers.into_iter().collect(),
-            },
-            None,
-        );
+        let mut d = Devices::new(InTurn::valves(&answers, 6), None);
         let mut stats = ShellStats::default();
-        let beat =
-            |o: &Outcome| (o.tried.iter()).any(|(s, r)| *s == Setting::Heartbeat && r.is_ok());
         let beats: Vec<bool> = (0..answers.len())
             .map(|_| beat(&run(d.write(&every_setting(), &mut stats))))
             .collect();
@@ -1027,12 +906,7 @@ mod tests {
     #[test]
     fn a_heartbeat_held_back_is_said_and_keeps_the_writes_not_all_taken() {
         let answers = [Some(true), Some(true), Some(false), Some(false)];
-        let mut d = Devices::new(
-            ReadBackInTurn {
-                answers: answers.into_iter().collect(),
-            },
-            None,
-        );
+        let mut d = Devices::new(InTurn::valves(&answers, 6), None);
         let mut stats = ShellStats::default();
         let mut all = Vec::new();
         let mut held = Vec::new();
@@ -1056,48 +930,6 @@ mod tests {
         assert_eq!([&held[0], &held[3]], [&None, &None], "their beats went out");
     }
 
-    /// A CDU that echoes every write and whose read-backs answer in turn
-    /// as `answers` says: `Some(true)` finds the setpoint not held,
-    /// `Some(false)` every setting held, `None` fails for every setting,
-    /// refused with exception `code`.
-    struct SetpointInTurn {
-        answers: std::collections::VecDeque<Option<bool>>,
-        code: u8,
-    }
-
-    impl CduPort for SetpointInTurn {
-        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
-            Ok(CduMeasurements::default())
-        }
-        async fn write_setting(&mut self, _: &Write) -> Result<(), crate::modbus::CduError> {
-            Ok(())
-        }
-        async fn read_back(&mut self, written: &[Write]) -> ReadBack {
-            match self.answers.pop_front().expect("a read-back answer") {
-                Some(true) => Clamps.read_back(written).await,
-                Some(false) => ReadBack::default(),
-                None => {
-                    let e = crate::modbus::CduError::Refused {
-                        op: "read back holding 0-4 (supply_setpoint to pumps_run)".into(),
-                        code: self.code,
-                        meaning: crate::modbus::exception_meaning(self.code),
-                    };
-                    let settings = written.iter().map(|w| w.setting).collect();
-                    ReadBack {
-                        unread: vec![(settings, e)],
-                        ..ReadBack::default()
-                    }
-                }
-            }
-        }
-        fn limits(&self) -> MapLimits {
-            Silent::default().limits()
-        }
-        fn pump_fault_bits(&self) -> [bool; 2] {
-            [true; 2]
-        }
-    }
-
     /// A setting read back holding another value stays not taken over a
     /// step whose read-back fails (exception 6, busy): its echo alone
     /// does not say the CDU takes it again, and the write failure stays
@@ -1106,13 +938,12 @@ mod tests {
     fn a_read_back_that_fails_after_a_failed_write_leaves_the_writes_not_all_taken() {
         let steps = |code: u8| {
             let answers = [Some(true), None, Some(false)];
-            let mut d = Devices::new(
-                SetpointInTurn {
-                    answers: answers.into_iter().collect(),
-                    code,
-                },
-                None,
-            );
+            let cdu = InTurn {
+                answers: answers.into_iter().collect(),
+                code,
+                not_held: |written| Clamps.read_back(written),
+            };
+            let mut d = Devices::new(Scripted(cdu), None);
             let mut stats = ShellStats::default();
             (0..answers.len())
                 .map(|_| {
@@ -1161,10 +992,10 @@ mod tests {
     fn a_fault_bit_the_map_has_that_reads_no_value_refuses_the_clear() {
         // Pump A's bit is mapped and reads the CDU's "not available";
         // pump B has none in the map.
-        let cdu = Faults {
+        let cdu = Scripted(Faults {
             mapped: [true, false],
             shown: [None, None],
-        };
+        });
         let mut d = Devices::new(cdu, None);
         assert_eq!(d.pump_fault(0), Err(super::super::NOT_READ));
         let mut stats = ShellStats::default();
@@ -1219,61 +1050,35 @@ mod tests {
         gateway: Option<u8>,
     }
 
-    impl CduPort for Silent {
-        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
-            Ok(CduMeasurements::default())
-        }
-        async fn write_setting(&mut self, w: &Write) -> Result<(), crate::modbus::CduError> {
+    impl Script for Silent {
+        fn write(&mut self, w: &Write) -> Result<(), CduError> {
             self.writes += 1;
             let op = format!("write {}", w.setting.register());
             Err(match self.gateway {
-                None => crate::modbus::CduError::NoAnswer { op, after_ms: 500 },
-                Some(code) => crate::modbus::CduError::Refused {
+                None => CduError::NoAnswer { op, after_ms: 500 },
+                Some(code) => CduError::Refused {
                     op,
                     code,
                     meaning: crate::modbus::exception_meaning(code),
                 },
             })
         }
-        fn limits(&self) -> MapLimits {
-            MapLimits {
-                mapped: [true; 6],
-                setpoint_c: None,
-                speed_pct: None,
-                positions: true,
-            }
-        }
-        fn pump_fault_bits(&self) -> [bool; 2] {
-            [true; 2]
-        }
     }
 
     #[test]
     fn after_a_write_the_cdu_does_not_answer_the_rest_are_not_tried_this_step() {
         for gateway in [None, Some(10), Some(11)] {
-            the_rest_are_not_tried_after(Silent {
+            the_rest_are_not_tried_after(Scripted(Silent {
                 gateway,
                 ..Silent::default()
-            });
+            }));
         }
     }
 
-    fn the_rest_are_not_tried_after(cdu: Silent) {
+    fn the_rest_are_not_tried_after(cdu: Scripted<Silent>) {
         let mut d = Devices::new(cdu, None);
-        let mut plan = Plan::default();
-        for setting in Setting::ORDER {
-            plan.writes
-                .push(Write {
-                    setting,
-                    value: 1.0,
-                })
-                .unwrap();
-        }
         let mut stats = ShellStats::default();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let o = rt.block_on(d.write(&plan, &mut stats));
+        let o = run(d.write(&every_setting(), &mut stats));
         assert_eq!(
             d.cdu.writes, 1,
             "only the first write waited for its answer"
@@ -1295,51 +1100,22 @@ mod tests {
         assert_eq!(not_tried, want, "{:?}", o.tried);
     }
 
-    /// A plan of every setting.
-    fn every_setting() -> Plan {
-        let mut plan = Plan::default();
-        for setting in Setting::ORDER {
-            let w = Write {
-                setting,
-                value: 1.0,
-            };
-            plan.writes.push(w).unwrap();
-        }
-        plan
-    }
-
-    fn run<T>(f: impl std::future::Future<Output = T>) -> T {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        rt.block_on(f)
-    }
-
     /// A CDU that answers its reads and refuses the setpoint with
     /// exception 3 in `op`'s words.
-    struct Scripted {
+    struct RefusesSetpoint {
         op: String,
     }
 
-    impl CduPort for Scripted {
-        async fn read(&mut self) -> Result<CduMeasurements, crate::modbus::CduError> {
-            Ok(CduMeasurements::default())
-        }
-        async fn write_setting(&mut self, w: &Write) -> Result<(), crate::modbus::CduError> {
+    impl Script for RefusesSetpoint {
+        fn write(&mut self, w: &Write) -> Result<(), CduError> {
             if w.setting != Setting::Setpoint {
                 return Ok(());
             }
-            Err(crate::modbus::CduError::Refused {
+            Err(CduError::Refused {
                 op: self.op.clone(),
                 code: 3,
                 meaning: crate::modbus::exception_meaning(3),
             })
-        }
-        fn limits(&self) -> MapLimits {
-            Silent::default().limits()
-        }
-        fn pump_fault_bits(&self) -> [bool; 2] {
-            [true; 2]
         }
     }
 
@@ -1355,11 +1131,11 @@ mod tests {
 
     #[test]
     fn a_refused_write_is_logged_and_kept_whole() {
-        let cdu = Scripted {
+        let cdu = Scripted(RefusesSetpoint {
             op: "write supply_setpoint at holding 0 of unit 1 on Modbus TCP 10.0.3.20:502, \
                  value 50 °C (raw 0x1388)"
                 .into(),
-        };
+        });
         let mut d = Devices::new(cdu, None);
         let mut stats = ShellStats::default();
         let o = run(d.write(&every_setting(), &mut stats));

@@ -3,7 +3,7 @@
 //! heartbeat held back, writes its safety settings again each step and
 //! reads them back; once they read held the heartbeat goes out again, the
 //! CDU leaves its fallback, and the mode reads normal.
-use super::never_read_back::{measured, started, step};
+use super::scripted::{beat, measured, not_held, run, started, step, Script, Scripted};
 use super::*;
 use crate::modbus::{CduError, ReadBack};
 use loopwarden_protocol::message::CduMode;
@@ -25,8 +25,8 @@ struct Fallback {
     pumps_run: f64,
 }
 
-impl CduPort for Fallback {
-    async fn read(&mut self) -> Result<CduMeasurements, CduError> {
+impl Script for Fallback {
+    fn read(&mut self) -> Result<CduMeasurements, CduError> {
         self.since_beat += 1;
         self.fallback |= self.since_beat > self.watchdog;
         if self.fallback {
@@ -34,7 +34,7 @@ impl CduPort for Fallback {
         }
         Ok(CduMeasurements::default())
     }
-    async fn write_setting(&mut self, w: &Write) -> Result<(), CduError> {
+    fn write(&mut self, w: &Write) -> Result<(), CduError> {
         match w.setting {
             Setting::Heartbeat => {
                 self.since_beat = 0;
@@ -46,32 +46,15 @@ impl CduPort for Fallback {
         }
         Ok(())
     }
-    async fn read_back(&mut self, written: &[Write]) -> ReadBack {
+    fn read_back(&mut self, written: &[Write]) -> ReadBack {
         let pumps = written.iter().find(|w| w.setting == Setting::PumpsRun);
         match pumps {
             Some(w) if w.value != self.pumps_run => {
-                let e = CduError::BadAnswer {
-                    op: "write pumps_run at holding 1".into(),
-                    detail: format!("holding 1 reads back value {}", self.pumps_run),
-                };
-                ReadBack {
-                    not_held: vec![(vec![Setting::PumpsRun], e)],
-                    ..ReadBack::default()
-                }
+                let held = format!("value {}", self.pumps_run);
+                not_held(vec![Setting::PumpsRun], "pumps_run", 1, &held)
             }
             _ => ReadBack::default(),
         }
-    }
-    fn limits(&self) -> MapLimits {
-        MapLimits {
-            mapped: [true; 6],
-            setpoint_c: None,
-            speed_pct: None,
-            positions: true,
-        }
-    }
-    fn pump_fault_bits(&self) -> [bool; 2] {
-        [true; 2]
     }
 }
 
@@ -82,20 +65,20 @@ impl CduPort for Fallback {
 /// leaves its fallback, and the mode reads normal again.
 #[test]
 fn a_cdu_whose_fallback_overwrites_the_pumps_gets_its_heartbeat_back() {
-    let cdu = Fallback {
+    let cdu = Scripted(Fallback {
         watchdog: 3,
         since_beat: 0,
         fallback: false,
         ignores: false,
         pumps_run: 1.0,
-    };
+    });
     let (mut decider, mut d) = started(cdu);
     let mut trace = Vec::new();
     for s in 0..40 {
         d.cdu.ignores = (10..16).contains(&s);
-        super::never_read_back::run(d.read_cdu(&mut ShellStats::default()));
+        run(d.read_cdu(&mut ShellStats::default()));
         let (c, o) = step(&mut decider, &mut d, s, &measured(true, 0));
-        let beat = (o.tried.iter()).any(|(s, r)| *s == Setting::Heartbeat && r.is_ok());
+        let beat = beat(&o);
         let pumps = (o.tried.iter()).find(|(s, _)| *s == Setting::PumpsRun);
         trace.push((s, beat, d.cdu.fallback, c.mode, c.reason, pumps.cloned()));
     }

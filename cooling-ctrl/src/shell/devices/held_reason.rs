@@ -2,7 +2,7 @@
 //! (`heartbeat-held`: the CDU runs on its own control, whatever its
 //! panel says), not the refused writes' (`cdu-writes-refused`: a CDU in
 //! local mode at its panel), unless a latched leak is the reason.
-use super::never_read_back::{measured, started, step};
+use super::scripted::{beat, measured, started, step, valves_not_held, Script, Scripted};
 use super::*;
 use crate::modbus::{CduError, ReadBack};
 use loopwarden_protocol::message::{CduMode, Event};
@@ -16,11 +16,8 @@ struct Cdu {
     drops_valves: bool,
 }
 
-impl CduPort for Cdu {
-    async fn read(&mut self) -> Result<CduMeasurements, CduError> {
-        Ok(CduMeasurements::default())
-    }
-    async fn write_setting(&mut self, w: &Write) -> Result<(), CduError> {
+impl Script for Cdu {
+    fn write(&mut self, w: &Write) -> Result<(), CduError> {
         if self.refuses && w.setting == Setting::Setpoint {
             return Err(CduError::Refused {
                 op: "write supply_setpoint at holding 0".into(),
@@ -30,30 +27,12 @@ impl CduPort for Cdu {
         }
         Ok(())
     }
-    async fn read_back(&mut self, written: &[Write]) -> ReadBack {
+    fn read_back(&mut self, written: &[Write]) -> ReadBack {
         let valves = written.iter().any(|w| w.setting == Setting::Valves);
         if !(self.drops_valves && valves) {
             return ReadBack::default();
         }
-        let e = CduError::BadAnswer {
-            op: "write valves_open at holding 3".into(),
-            detail: "holding 3 reads back value 0".into(),
-        };
-        ReadBack {
-            not_held: vec![(vec![Setting::Valves], e)],
-            ..ReadBack::default()
-        }
-    }
-    fn limits(&self) -> MapLimits {
-        MapLimits {
-            mapped: [true; 6],
-            setpoint_c: None,
-            speed_pct: None,
-            positions: true,
-        }
-    }
-    fn pump_fault_bits(&self) -> [bool; 2] {
-        [true; 2]
+        valves_not_held()
     }
 }
 
@@ -61,18 +40,14 @@ impl CduPort for Cdu {
 /// from the 10th (`leak`), and whether the last step's heartbeat was
 /// held back.
 fn after(cdu: Cdu, leak: bool) -> (CduMode, ReasonCode, bool) {
-    let (mut decider, mut d) = started(cdu);
+    let (mut decider, mut d) = started(Scripted(cdu));
     let mut last = None;
     for s in 0..20 {
         // Rack 1's valve reads closed from the step after its leak.
         let mut m = measured(true, u16::from(leak && s > 10) << 1);
         m.leaks = Some(u16::from(leak && s >= 10) << 1);
         let (c, o) = step(&mut decider, &mut d, s, &m);
-        let beat = o
-            .tried
-            .iter()
-            .any(|(s, r)| *s == Setting::Heartbeat && r.is_ok());
-        last = Some((c.mode, c.reason, !beat));
+        last = Some((c.mode, c.reason, !beat(&o)));
     }
     last.expect("20 steps")
 }
@@ -124,7 +99,7 @@ fn the_mode_change_of_a_heartbeat_held_back_names_it_from_its_first_step() {
         refuses: false,
         drops_valves: false,
     };
-    let (mut decider, mut d) = started(cdu);
+    let (mut decider, mut d) = started(Scripted(cdu));
     let mut changes = Vec::new();
     let mut reasons = Vec::new();
     for s in 0..60 {

@@ -5,10 +5,9 @@
 //! held, but each is still taken on its echo where the decision path
 //! acts on it: the lead pump's trip is judged and hands over to the lag,
 //! and the valve word the CDU echoed is the one recorded.
+use super::scripted::{measured, not_held, refused, started, step, unanswered, Script, Scripted};
 use super::*;
-use crate::decide::{Decider, StepIn};
 use crate::modbus::{CduError, ReadBack};
-use cooling_core::CoreConfig;
 use loopwarden_protocol::message::{Event, Pump};
 
 /// A CDU that refuses every write of its first step (exception 4, a
@@ -20,11 +19,8 @@ struct NeverReadBack {
     not_served: bool,
 }
 
-impl CduPort for NeverReadBack {
-    async fn read(&mut self) -> Result<CduMeasurements, CduError> {
-        Ok(CduMeasurements::default())
-    }
-    async fn write_setting(&mut self, w: &Write) -> Result<(), CduError> {
+impl Script for NeverReadBack {
+    fn write(&mut self, w: &Write) -> Result<(), CduError> {
         if self.setpoint_refused {
             return Ok(());
         }
@@ -35,89 +31,13 @@ impl CduPort for NeverReadBack {
             meaning: crate::modbus::exception_meaning(4),
         })
     }
-    async fn read_back(&mut self, written: &[Write]) -> ReadBack {
-        let op = "read back holding 0-20".to_string();
-        let e = match self.not_served {
-            false => CduError::NoAnswer { op, after_ms: 500 },
-            true => CduError::Refused {
-                op,
-                code: 1,
-                meaning: crate::modbus::exception_meaning(1),
-            },
-        };
-        ReadBack {
-            unread: vec![(written.iter().map(|w| w.setting).collect(), e)],
-            ..ReadBack::default()
+    fn read_back(&mut self, written: &[Write]) -> ReadBack {
+        let op = "read back holding 0-20";
+        match self.not_served {
+            false => unanswered(written, op),
+            true => refused(written, op, 1),
         }
     }
-    fn limits(&self) -> MapLimits {
-        MapLimits {
-            mapped: [true; 6],
-            setpoint_c: None,
-            speed_pct: None,
-            positions: true,
-        }
-    }
-    fn pump_fault_bits(&self) -> [bool; 2] {
-        [true; 2]
-    }
-}
-
-/// What the CDU reads: lead pump A running (or not, `a_runs`), every
-/// valve open but those of `closed`.
-pub(super) fn measured(a_runs: bool, closed: u16) -> CduMeasurements {
-    CduMeasurements {
-        supply_c: Some(30.0),
-        return_c: Some(38.0),
-        flow_lpm: Some(192.0),
-        facility_supply_c: Some(27.0),
-        pumps_running: [Some(a_runs), Some(false)],
-        leaks: Some(0),
-        diff_pressure_kpa: Some(100.0),
-        valves_closed: Some(closed),
-        pump_faults: [Some(false); 2],
-        it_w: Some(80_000.0),
-        cooling_w: None,
-        facility_w: Some(88_000.0),
-        outdoor_c: Some(20.0),
-    }
-}
-
-pub(super) fn run<T>(f: impl std::future::Future<Output = T>) -> T {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    rt.block_on(f)
-}
-
-/// One control step at second `s` as the shell runs it: the decision,
-/// its plan written through `d`, what went in heard back.
-pub(super) fn step<P: CduPort>(
-    decider: &mut Decider,
-    d: &mut Devices<P>,
-    s: u64,
-    m: &CduMeasurements,
-) -> (cooling_core::Commands, Outcome) {
-    let inp = StepIn {
-        now_ms: s * 1000,
-        board: BoardRead::Absent,
-        ambient_c: Some(20.0),
-    };
-    let c = decider.step(Some(m), &inp);
-    if decider.to_keep().is_some() {
-        decider.kept(true);
-    }
-    let plan = decider.plan(&c, m.valves_closed);
-    let o = run(d.write(&plan, &mut ShellStats::default()));
-    decider.written(&o);
-    (c, o)
-}
-
-/// A decider on `cdu`'s map, and the devices on `cdu`.
-pub(super) fn started<P: CduPort>(cdu: P) -> (Decider, Devices<P>) {
-    let fresh: Result<Option<crate::decide::LatchRecord>, &str> = Ok(None);
-    let decider = Decider::new(CoreConfig::default(), cdu.limits(), &fresh).unwrap();
-    (decider, Devices::new(cdu, None))
 }
 
 /// Every setting refused at the first step, then echoed but never read
@@ -127,7 +47,7 @@ pub(super) fn started<P: CduPort>(cdu: P) -> (Decider, Devices<P>) {
 /// started.
 #[test]
 fn a_lead_trip_on_a_cdu_that_never_answers_the_read_back_starts_the_lag() {
-    let (mut decider, mut d) = started(NeverReadBack::default());
+    let (mut decider, mut d) = started(Scripted(NeverReadBack::default()));
     let mut s = 0;
     let (_, first) = step(&mut decider, &mut d, s, &measured(true, 0));
     assert!(!first.taken().pumps && !first.taken().all);
@@ -158,7 +78,7 @@ fn a_lead_trip_on_a_cdu_that_never_answers_the_read_back_starts_the_lag() {
 /// recorded, though no read-back reads it held.
 #[test]
 fn a_valve_close_echoed_but_never_read_back_is_the_word_taken() {
-    let (mut decider, mut d) = started(NeverReadBack::default());
+    let (mut decider, mut d) = started(Scripted(NeverReadBack::default()));
     for s in 0..3 {
         step(&mut decider, &mut d, s, &measured(true, 0));
     }
@@ -175,10 +95,10 @@ fn a_valve_close_echoed_but_never_read_back_is_the_word_taken() {
 /// they go in.
 #[test]
 fn a_cdu_that_serves_no_read_back_has_its_echoes_taken_after_a_refusal() {
-    let cdu = NeverReadBack {
+    let cdu = Scripted(NeverReadBack {
         not_served: true,
         ..NeverReadBack::default()
-    };
+    });
     let (mut decider, mut d) = started(cdu);
     let all: Vec<bool> = (0..3)
         .map(|s| step(&mut decider, &mut d, s, &measured(true, 0)).1)
@@ -201,11 +121,8 @@ struct IgnoresHandover {
     speed_unanswered: bool,
 }
 
-impl CduPort for IgnoresHandover {
-    async fn read(&mut self) -> Result<CduMeasurements, CduError> {
-        Ok(CduMeasurements::default())
-    }
-    async fn write_setting(&mut self, w: &Write) -> Result<(), CduError> {
+impl Script for IgnoresHandover {
+    fn write(&mut self, w: &Write) -> Result<(), CduError> {
         if w.setting == Setting::LeadPump {
             self.lead_b |= w.value != 0.0;
         }
@@ -215,7 +132,7 @@ impl CduPort for IgnoresHandover {
         }
         Ok(())
     }
-    async fn read_back(&mut self, written: &[Write]) -> ReadBack {
+    fn read_back(&mut self, written: &[Write]) -> ReadBack {
         if !self.lead_b {
             return ReadBack::default();
         }
@@ -223,27 +140,9 @@ impl CduPort for IgnoresHandover {
         let settings: Vec<Setting> = written.iter().filter(pumps).map(|w| w.setting).collect();
         if !self.refuted && !settings.is_empty() {
             self.refuted = true;
-            let e = CduError::BadAnswer {
-                op: "write lead_pump at holding 2".into(),
-                detail: "holding 2 reads back word 0".into(),
-            };
-            return ReadBack {
-                not_held: vec![(settings, e)],
-                ..ReadBack::default()
-            };
+            return not_held(settings, "lead_pump", 2, "word 0");
         }
-        let op = "read back holding 0-20".to_string();
-        let e = CduError::NoAnswer { op, after_ms: 500 };
-        ReadBack {
-            unread: vec![(written.iter().map(|w| w.setting).collect(), e)],
-            ..ReadBack::default()
-        }
-    }
-    fn limits(&self) -> MapLimits {
-        NeverReadBack::default().limits()
-    }
-    fn pump_fault_bits(&self) -> [bool; 2] {
-        [true; 2]
+        unanswered(written, "read back holding 0-20")
     }
 }
 
@@ -260,10 +159,10 @@ fn a_handover_read_back_not_held_is_not_taken_over_read_backs_that_fail() {
 }
 
 fn handover_not_held(speed_unanswered: bool) {
-    let cdu = IgnoresHandover {
+    let cdu = Scripted(IgnoresHandover {
         speed_unanswered,
         ..IgnoresHandover::default()
-    };
+    });
     let (mut decider, mut d) = started(cdu);
     for s in 0..3 {
         step(&mut decider, &mut d, s, &measured(true, 0));
