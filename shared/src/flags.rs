@@ -120,7 +120,8 @@ macro_rules! name_set {
                                         .filter(|b| *b < <$raw>::BITS)
                                         .map(|b| $name(1 << b))
                                 })
-                                .ok_or_else(|| serde::de::Error::unknown_variant(name, &[]))?;
+                                // Named so that `Frame::from_json` can say which and where.
+                                .ok_or_else(|| serde::de::Error::custom(format_args!("unknown flag {:?}", name)))?;
                             set = set | flag;
                         }
                         Ok(set)

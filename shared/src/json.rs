@@ -7,7 +7,9 @@
 //! ```
 //!
 //! Units are plain numbers in their natural unit (°C, W, L/min, %, kPa, ms),
-//! flag sets are lists of names and reasons are names (`xid-79`).
+//! flag sets are lists of names and reasons are names (`xid-79`). A name
+//! this reader does not know is refused naming it and its field
+//! ([`JsonError::UnknownName`]).
 //! The committed schemas live in `docs/schemas/<kind>.json`.
 
 use std::format;
@@ -60,6 +62,18 @@ pub enum JsonError {
     Invalid(serde_json::Error),
     /// The `protocol` field is not a version this reader speaks.
     UnsupportedVersion(String),
+    /// A reason or flag name this reader does not know: a newer minor's,
+    /// or a typo.
+    UnknownName {
+        /// `"reason"` or `"flag"`.
+        what: &'static str,
+        /// The name as the JSON has it.
+        name: String,
+        /// Where: `body.reason`, `body.gpus[0].flags`.
+        field: String,
+        /// The frame's `protocol`, as it has it.
+        protocol: String,
+    },
 }
 
 impl core::fmt::Display for JsonError {
@@ -72,6 +86,15 @@ impl core::fmt::Display for JsonError {
                     "protocol version {v:?} is not supported (this reader speaks {PROTOCOL})"
                 )
             }
+            JsonError::UnknownName {
+                what,
+                name,
+                field,
+                protocol,
+            } => write!(
+                f,
+                "unknown {what} {name:?} in {field}: this reader speaks {PROTOCOL}, the frame {protocol}"
+            ),
         }
     }
 }
@@ -103,7 +126,7 @@ impl Frame {
 
     /// A frame from its JSON form.
     pub fn from_json(s: &str) -> Result<Frame, JsonError> {
-        let json: JsonFrame = serde_json::from_str(s).map_err(JsonError::Invalid)?;
+        let json: JsonFrame = serde_json::from_str(s).map_err(|e| refusal(s, e))?;
         match parse_version(&json.protocol) {
             Some(v) if v.major == PROTOCOL.major => {}
             _ => return Err(JsonError::UnsupportedVersion(json.protocol)),
@@ -114,6 +137,64 @@ impl Frame {
             time: json.time_ms,
             message: json.message,
         })
+    }
+}
+
+/// Why `s` was refused: serde_json says an unknown reason or flag name
+/// (see [`crate::reason`], [`crate::flags`]) but not where it is, so it is
+/// found in the body, named with its field. A frame of another major is
+/// refused for its version; anything else as serde_json says it.
+fn refusal(s: &str, e: serde_json::Error) -> JsonError {
+    let said = e.to_string();
+    if !said.starts_with("unknown reason ") && !said.starts_with("unknown flag ") {
+        return JsonError::Invalid(e);
+    }
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(s) else {
+        return JsonError::Invalid(e);
+    };
+    let protocol = match value.get("protocol").and_then(|p| p.as_str()) {
+        Some(p) if parse_version(p).is_some_and(|v| v.major == PROTOCOL.major) => p.to_string(),
+        Some(p) => return JsonError::UnsupportedVersion(p.to_string()),
+        None => return JsonError::Invalid(e),
+    };
+    let Some(body) = value.get("body") else {
+        return JsonError::Invalid(e);
+    };
+    // A reason is one name; a flag, a name in a list of them.
+    for (what, in_list) in [("reason", false), ("flag", true)] {
+        let is_it = |n: &str| said.starts_with(&format!("unknown {what} {n:?}"));
+        if let Some((name, field)) = find_name(body, "body".to_string(), in_list, &is_it) {
+            return JsonError::UnknownName {
+                what,
+                name,
+                field,
+                protocol,
+            };
+        }
+    }
+    JsonError::Invalid(e)
+}
+
+/// The first string in `v` (at path `at`) that `is_it`, alone or in a list
+/// of strings as `in_list` says, and its field (a list's, for a name in
+/// one).
+fn find_name(
+    v: &serde_json::Value,
+    at: String,
+    in_list: bool,
+    is_it: &dyn Fn(&str) -> bool,
+) -> Option<(String, String)> {
+    use serde_json::Value;
+    match v {
+        Value::String(n) if !in_list && is_it(n) => Some((n.clone(), at)),
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| match item {
+            Value::String(n) if in_list && is_it(n) => Some((n.clone(), at.clone())),
+            _ => find_name(item, format!("{at}[{i}]"), in_list, is_it),
+        }),
+        Value::Object(map) => map
+            .iter()
+            .find_map(|(k, item)| find_name(item, format!("{at}.{k}"), in_list, is_it)),
+        _ => None,
     }
 }
 

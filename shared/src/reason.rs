@@ -187,7 +187,10 @@ impl<'de> Deserialize<'de> for ReasonCode {
         if d.is_human_readable() {
             // Longer than any name `Display` writes; longer input is refused.
             let s = <heapless::String<32>>::deserialize(d)?;
-            ReasonCode::parse(&s).ok_or_else(|| serde::de::Error::custom("unknown reason name"))
+            // Named so that `Frame::from_json` can say which and where.
+            ReasonCode::parse(&s).ok_or_else(|| {
+                serde::de::Error::custom(format_args!("unknown reason {:?}", s.as_str()))
+            })
         } else {
             u16::deserialize(d).map(ReasonCode)
         }

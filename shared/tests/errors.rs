@@ -362,3 +362,76 @@ fn a_2_1_cdu_telemetry_frame_reads_with_nothing_learned_and_is_not_taken_for_2_2
         Err(DecodeError::Truncated { .. })
     ));
 }
+
+/// A JSON reader that meets a reason or flag name it does not know (a
+/// newer minor's) refuses the frame naming the name, the field it is in and
+/// both versions, not as "unknown reason name" somewhere in the frame.
+#[test]
+fn json_naming_an_unknown_reason_or_flag_is_refused_naming_it_and_its_field() {
+    use loopwarden_protocol::json::JsonError;
+    let newer = |kind: MessageKind, from: &str, to: &str| {
+        let good = samples::frame(kind).to_json();
+        assert!(good.contains(from), "{good}");
+        let bad = good
+            .replace(from, to)
+            .replace(r#""protocol":"2.10""#, r#""protocol":"2.11""#);
+        Frame::from_json(&bad).unwrap_err()
+    };
+    let e = newer(
+        MessageKind::CduState,
+        r#""reason":"capacity-short""#,
+        r#""reason":"pump-sulking""#,
+    );
+    assert_eq!(
+        e.to_string(),
+        r#"unknown reason "pump-sulking" in body.reason: this reader speaks 2.10, the frame 2.11"#
+    );
+    match e {
+        JsonError::UnknownName {
+            what, name, field, ..
+        } => {
+            assert_eq!(
+                (what, name.as_str(), field.as_str()),
+                ("reason", "pump-sulking", "body.reason")
+            )
+        }
+        e => panic!("{e:?}"),
+    }
+    let e = newer(
+        MessageKind::HostHealth,
+        r#""reason":"xid-79""#,
+        r#""reason":"xid-1000""#,
+    );
+    assert!(
+        e.to_string()
+            .starts_with(r#"unknown reason "xid-1000" in body.gpus[3].reason: "#),
+        "{e}"
+    );
+    let e = newer(
+        MessageKind::HostTelemetry,
+        r#""flags":["responsive","ecc_enabled"]"#,
+        r#""flags":["responsive","ecc_sparkly"]"#,
+    );
+    assert!(
+        e.to_string()
+            .starts_with(r#"unknown flag "ecc_sparkly" in body.gpus[0].flags: "#),
+        "{e}"
+    );
+    // A frame of another major is refused for its version first.
+    let good = samples::frame(MessageKind::CduState).to_json();
+    let other_major = good
+        .replace(r#""reason":"capacity-short""#, r#""reason":"pump-sulking""#)
+        .replace(r#""protocol":"2.10""#, r#""protocol":"3.0""#);
+    let e = Frame::from_json(&other_major).unwrap_err();
+    assert!(
+        matches!(&e, JsonError::UnsupportedVersion(v) if v == "3.0"),
+        "{e:?}"
+    );
+    // Anything else wrong is still said as serde_json says it.
+    let e = newer(
+        MessageKind::CduState,
+        r#""reason":"capacity-short""#,
+        r#""reason":7"#,
+    );
+    assert!(matches!(e, JsonError::Invalid(_)), "{e:?}");
+}
