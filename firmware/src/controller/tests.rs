@@ -136,6 +136,17 @@ fn cdu(open: u16, leaks: u16) -> CduMeasurements {
     }
 }
 
+/// `f` run against a controller booted on the fake ports: a decider
+/// started with no latched record, no clear gate.
+fn booted<T>(f: impl FnOnce(&mut Controller<'_>, &mut Fake) -> T) -> T {
+    let mut d = decider(&Ok(None));
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::Nothing);
+    f(&mut c, p)
+}
+
 /// One step as the board runs it, every write taken.
 fn step(c: &mut Controller<'_>, p: &mut Fake, m: Option<CduMeasurements>, s: u64) -> Plan {
     c.step(p, m, s * 1000);
@@ -359,52 +370,49 @@ fn a_bad_frame_is_counted_and_never_acted_on() {
 
 #[test]
 fn a_repeated_frame_is_not_acted_on_again_and_a_restarted_gateway_is_heard() {
-    let mut d = decider(&Ok(None));
-    let mut k = Box::new(LearnedKeeper::new());
-    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
-    let p = &mut *Fake::new();
-    c.boot(p, hello(), Opening::Nothing);
-    let outdoor = |p: &Fake| {
-        (p.ups.iter().rev())
-            .find_map(|u| match u {
-                Up::Status(s) => Some(s.outdoor_c),
-                _ => None,
-            })
-            .flatten()
-    };
-    // No outdoor sensor on the CDU: the BMS's value while it is fresh.
-    let no_sensor = || {
-        let mut m = cdu(0b1111, 0);
-        m.outdoor_c = None;
-        Some(m)
-    };
-    hear_numbered(&mut c, p, &alive(0), 9, 0);
-    hear_numbered(&mut c, p, &Down::Outdoor(12.5), 10, 0);
-    step(&mut c, p, no_sensor(), 1);
-    assert_eq!(outdoor(p), Some(12.5));
-    // The same frame again at 290 s: not taken, so the value is stale
-    // 300 s after it came, not 300 s after its repeat.
-    hear_numbered(&mut c, p, &Down::Outdoor(12.5), 10, 290_000);
-    assert_eq!((c.link.repeats, c.link.frames), (1, 2));
-    assert!(!p.said("came again"), "counted, not said: {:?}", p.lines);
-    step(&mut c, p, no_sensor(), 301);
-    assert_eq!(outdoor(p), None, "the repeat did not make it new");
-    // A gap, then the gateway started again: its frames are acted on.
-    hear_numbered(&mut c, p, &alive(302), 14, 302_000);
-    assert_eq!((c.link.gaps, c.link.lost), (1, 3));
-    hear_numbered(&mut c, p, &alive(303), 0, 303_000);
-    hear_numbered(&mut c, p, &Down::Outdoor(14.0), 1, 303_000);
-    assert!(p.said("link: the gateway started again (its frames numbered from 0 again)"));
-    step(&mut c, p, no_sensor(), 304);
-    assert_eq!(outdoor(p), Some(14.0));
-    // Started again after one frame: the same number, other bytes. No
-    // status goes until its `Alive` says its layout.
-    hear_numbered(&mut c, p, &Down::Outdoor(16.0), 1, 305_000);
-    hear_numbered(&mut c, p, &alive(305), 2, 305_000);
-    step(&mut c, p, no_sensor(), 305);
-    assert_eq!(outdoor(p), Some(16.0));
-    assert_eq!(c.link.restarts, 2);
-    assert_eq!((c.link.frames, c.link.repeats, c.link.bad), (7, 1, 0));
+    booted(|c, p| {
+        let outdoor = |p: &Fake| {
+            (p.ups.iter().rev())
+                .find_map(|u| match u {
+                    Up::Status(s) => Some(s.outdoor_c),
+                    _ => None,
+                })
+                .flatten()
+        };
+        // No outdoor sensor on the CDU: the BMS's value while it is fresh.
+        let no_sensor = || {
+            let mut m = cdu(0b1111, 0);
+            m.outdoor_c = None;
+            Some(m)
+        };
+        hear_numbered(c, p, &alive(0), 9, 0);
+        hear_numbered(c, p, &Down::Outdoor(12.5), 10, 0);
+        step(c, p, no_sensor(), 1);
+        assert_eq!(outdoor(p), Some(12.5));
+        // The same frame again at 290 s: not taken, so the value is stale
+        // 300 s after it came, not 300 s after its repeat.
+        hear_numbered(c, p, &Down::Outdoor(12.5), 10, 290_000);
+        assert_eq!((c.link.repeats, c.link.frames), (1, 2));
+        assert!(!p.said("came again"), "counted, not said: {:?}", p.lines);
+        step(c, p, no_sensor(), 301);
+        assert_eq!(outdoor(p), None, "the repeat did not make it new");
+        // A gap, then the gateway started again: its frames are acted on.
+        hear_numbered(c, p, &alive(302), 14, 302_000);
+        assert_eq!((c.link.gaps, c.link.lost), (1, 3));
+        hear_numbered(c, p, &alive(303), 0, 303_000);
+        hear_numbered(c, p, &Down::Outdoor(14.0), 1, 303_000);
+        assert!(p.said("link: the gateway started again (its frames numbered from 0 again)"));
+        step(c, p, no_sensor(), 304);
+        assert_eq!(outdoor(p), Some(14.0));
+        // Started again after one frame: the same number, other bytes. No
+        // status goes until its `Alive` says its layout.
+        hear_numbered(c, p, &Down::Outdoor(16.0), 1, 305_000);
+        hear_numbered(c, p, &alive(305), 2, 305_000);
+        step(c, p, no_sensor(), 305);
+        assert_eq!(outdoor(p), Some(16.0));
+        assert_eq!(c.link.restarts, 2);
+        assert_eq!((c.link.frames, c.link.repeats, c.link.bad), (7, 1, 0));
+    });
 }
 
 #[test]
@@ -711,28 +719,25 @@ fn with_its_gateway_dead_a_leak_is_isolated_a_tripped_pump_handed_over_and_every
 /// not at every step.
 #[test]
 fn a_latched_record_not_kept_is_said_to_the_gateway_once_and_again_when_kept() {
-    let mut d = decider(&Ok(None));
-    let mut k = Box::new(LearnedKeeper::new());
-    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
-    let p = &mut *Fake::new();
-    c.boot(p, hello(), Opening::Nothing);
-    let said = |p: &Fake| -> Vec<(bool, String)> {
-        (p.ups.iter())
-            .filter_map(|u| match u {
-                Up::Said { error, words } => Some((*error, words.to_string())),
-                _ => None,
-            })
-            .collect()
-    };
-    let before = said(p).len();
-    for ok in [false, false, false, true, true] {
-        c.kept(p, ok);
-    }
-    assert_eq!(
-        said(p)[before..],
-        [
-            (true, super::LATCH_NOT_KEPT.to_string()),
-            (false, super::LATCH_KEPT_AGAIN.to_string())
-        ]
-    );
+    booted(|c, p| {
+        let said = |p: &Fake| -> Vec<(bool, String)> {
+            (p.ups.iter())
+                .filter_map(|u| match u {
+                    Up::Said { error, words } => Some((*error, words.to_string())),
+                    _ => None,
+                })
+                .collect()
+        };
+        let before = said(p).len();
+        for ok in [false, false, false, true, true] {
+            c.kept(p, ok);
+        }
+        assert_eq!(
+            said(p)[before..],
+            [
+                (true, super::LATCH_NOT_KEPT.to_string()),
+                (false, super::LATCH_KEPT_AGAIN.to_string())
+            ]
+        );
+    });
 }

@@ -7,7 +7,7 @@ use std::vec::Vec;
 
 use super::*;
 use crate::map::Register;
-use crate::read_back::{write_step, HoldingPort, SafetyHeld};
+use crate::read_back::{HoldingPort, SafetyHeld};
 use crate::rtu::{Op, OpKind, RtuError};
 use crate::writes::SettingPort;
 
@@ -35,8 +35,7 @@ impl Echoes {
         self.since_beat += 1;
         self.fallback |= self.since_beat > watchdog;
         if self.fallback {
-            let at = crate::cdu::holding("pumps_run").map(|r| r.address);
-            self.holding.insert(at.unwrap(), 0b11);
+            self.holding.insert(pumps_run_at(), 0b11);
         }
     }
 }
@@ -90,6 +89,40 @@ impl HoldingPort for Echoes {
     }
 }
 
+/// The holding register of the pumps to run.
+fn pumps_run_at() -> u16 {
+    crate::cdu::holding("pumps_run").unwrap().address
+}
+
+/// The CDU's side of a run: the board, what its read-back found, and
+/// the console the read-back's failures are said on.
+#[derive(Default)]
+struct Rig {
+    board: Echoes,
+    held: SafetyHeld,
+    console: String,
+}
+
+/// The rest of step `s` after its decision, as the board runs it: the
+/// latched record kept, the plan written to the CDU and read back
+/// ([`Controller::write_and_read_back`]), what the read-back found said,
+/// the outcome heard back and the status reported. Whether the heartbeat
+/// went in.
+fn write_back(c: &mut Controller<'_>, p: &mut Fake, r: &mut Rig, s: u64) -> bool {
+    if c.to_keep(p).is_some() {
+        c.kept(p, true);
+    }
+    let plan = c.plan(p);
+    let (o, change) = c.write_and_read_back(&mut r.board, &plan, &mut r.held, &mut r.console);
+    if let Some(change) = change {
+        c.read_back_changed(p, &change);
+    }
+    let beat = (o.tried.iter()).any(|(s, r)| *s == Setting::Heartbeat && r.is_ok());
+    c.written(p, o);
+    c.report(p, s * 1000, true);
+    beat
+}
+
 /// Lead pump A trips at 10 s; the CDU echoes "B to run and lead" but
 /// runs neither, and once the read-back has found that, it answers no
 /// read-back. B, which the CDU never started, is not judged tripped (so
@@ -97,40 +130,27 @@ impl HoldingPort for Echoes {
 /// withheld, so the CDU falls back to its own control.
 #[test]
 fn a_pump_handover_the_cdu_echoed_but_never_ran_is_not_judged_a_trip_when_its_read_back_fails() {
-    let mut d = decider(&Ok(None));
-    let mut k = Box::new(LearnedKeeper::new());
-    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
-    let p = &mut *Fake::new();
-    c.boot(p, hello(), Opening::Nothing);
-    let (mut board, mut held) = (Echoes::default(), SafetyHeld::default());
-    let mut console = String::new();
-    let mut found_not_held = false;
-    for s in 0..40u64 {
-        let mut m = cdu(0b1111, 0);
-        if s >= 10 {
-            m.pumps_running = [Some(false), Some(false)];
-            m.pump_faults = [Some(true), Some(false)];
-            board.ignored = std::vec!["pumps_run", "lead_pump"];
+    booted(|c, p| {
+        let mut r = Rig::default();
+        let mut found_not_held = false;
+        for s in 0..40u64 {
+            let mut m = cdu(0b1111, 0);
+            if s >= 10 {
+                m.pumps_running = [Some(false), Some(false)];
+                m.pump_faults = [Some(true), Some(false)];
+                r.board.ignored = std::vec!["pumps_run", "lead_pump"];
+            }
+            found_not_held |= r.held.withholds();
+            r.board.silent = found_not_held;
+            c.step(p, Some(m), s * 1000);
+            write_back(c, p, &mut r, s);
         }
-        found_not_held |= held.withholds();
-        board.silent = found_not_held;
-        c.step(p, Some(m), s * 1000);
-        if c.to_keep(p).is_some() {
-            c.kept(p, true);
-        }
-        let plan = c.plan(p);
-        let (o, change) = write_step(&mut board, &plan, &mut held, &mut console);
-        if let Some(change) = change {
-            c.read_back_changed(p, &change);
-        }
-        c.written(p, o);
-        c.report(p, s * 1000, true);
-    }
-    assert!(found_not_held, "the handover read back not held");
-    let faults = c.decider().core().pump_faults();
-    assert!(faults[0].is_some(), "A tripped");
-    assert_eq!(faults[1], None, "B judged tripped: {console}");
-    assert!(held.withholds() && held.unread > 20);
+        assert!(found_not_held, "the handover read back not held");
+        let faults = c.decider().core().pump_faults();
+        assert!(faults[0].is_some(), "A tripped");
+        assert_eq!(faults[1], None, "B judged tripped: {}", r.console);
+        assert!(r.held.withholds() && r.held.unread > 20);
+    });
 }
 
 /// The CDU echoes the pumps' run flags but never takes them: from the
@@ -141,61 +161,49 @@ fn a_pump_handover_the_cdu_echoed_but_never_ran_is_not_judged_a_trip_when_its_re
 fn a_safety_setting_the_cdu_does_not_hold_degrades_the_mode_as_heartbeat_held_from_its_first_step()
 {
     use loopwarden_protocol::ReasonCode;
-    let mut d = decider(&Ok(None));
-    let mut k = Box::new(LearnedKeeper::new());
-    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
-    let p = &mut *Fake::new();
-    c.boot(p, hello(), Opening::Nothing);
-    let (mut board, mut held) = (Echoes::default(), SafetyHeld::default());
-    let mut console = String::new();
-    let mut found = None;
-    let mut last = ReasonCode::OK;
-    for s in 0..60u64 {
-        if s == 45 {
-            // It holds what it is told again.
-            board.ignored = std::vec![];
+    booted(|c, p| {
+        let mut r = Rig::default();
+        let mut found = None;
+        let mut last = ReasonCode::OK;
+        for s in 0..60u64 {
+            if s == 45 {
+                // It holds what it is told again.
+                r.board.ignored = std::vec![];
+            }
+            if s == 30 {
+                // It stops pump A on its own, and takes no run flag since.
+                r.board.holding.remove(&pumps_run_at());
+                r.board.ignored = std::vec!["pumps_run"];
+            }
+            c.step(p, Some(cdu(0b1111, 0)), s * 1000);
+            let (_, reason, _) = c.decider().core().mode();
+            if s == 30 {
+                assert_eq!(reason, ReasonCode::OK, "settled before");
+            }
+            if found.is_some() && s <= 45 {
+                let held = ReasonCode::HEARTBEAT_HELD;
+                assert_eq!(reason, held, "step {s}: {}", r.console);
+            }
+            assert_ne!(
+                reason,
+                ReasonCode::CDU_WRITES_REFUSED,
+                "step {s}: {}",
+                r.console
+            );
+            last = reason;
+            write_back(c, p, &mut r, s);
+            if r.held.withholds() {
+                found.get_or_insert(s);
+            }
         }
-        if s == 30 {
-            // It stops pump A on its own, and takes no run flag since.
-            let at = crate::cdu::holding("pumps_run").map(|r| r.address);
-            board.holding.remove(&at.unwrap());
-            board.ignored = std::vec!["pumps_run"];
-        }
-        c.step(p, Some(cdu(0b1111, 0)), s * 1000);
-        let (_, reason, _) = c.decider().core().mode();
-        if s == 30 {
-            assert_eq!(reason, ReasonCode::OK, "settled before");
-        }
-        if found.is_some() && s <= 45 {
-            assert_eq!(reason, ReasonCode::HEARTBEAT_HELD, "step {s}: {console}");
-        }
-        assert_ne!(
-            reason,
-            ReasonCode::CDU_WRITES_REFUSED,
-            "step {s}: {console}"
+        assert_eq!(found, Some(30), "not held found");
+        assert!(!r.held.withholds(), "held again: {}", r.console);
+        assert_eq!(
+            last,
+            ReasonCode::OK,
+            "back to normal, never the refused writes"
         );
-        last = reason;
-        if c.to_keep(p).is_some() {
-            c.kept(p, true);
-        }
-        let plan = c.plan(p);
-        let (o, change) = write_step(&mut board, &plan, &mut held, &mut console);
-        if let Some(change) = change {
-            c.read_back_changed(p, &change);
-        }
-        if held.withholds() {
-            found.get_or_insert(s);
-        }
-        c.written(p, o);
-        c.report(p, s * 1000, true);
-    }
-    assert_eq!(found, Some(30), "not held found");
-    assert!(!held.withholds(), "held again: {console}");
-    assert_eq!(
-        last,
-        ReasonCode::OK,
-        "back to normal, never the refused writes"
-    );
+    });
 }
 
 /// The read-back fails from the start and is said to the gateway once;
@@ -204,65 +212,49 @@ fn a_safety_setting_the_cdu_does_not_hold_degrades_the_mode_as_heartbeat_held_fr
 /// more. So does a setting not held.
 #[test]
 fn a_failing_read_back_and_a_setting_not_held_are_said_again_to_a_restarted_gateway() {
-    let mut d = decider(&Ok(None));
-    let mut k = Box::new(LearnedKeeper::new());
-    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
-    let p = &mut *Fake::new();
-    c.boot(p, hello(), Opening::Nothing);
-    let (mut board, mut held) = (Echoes::default(), SafetyHeld::default());
-    board.silent = true;
-    let mut console = String::new();
-    let said = |p: &Fake, from: usize, what: &str| {
-        (p.ups[from..].iter())
-            .filter(|u| matches!(u, Up::Said { words, .. } if words.starts_with(what)))
-            .count()
-    };
-    let mut seq = 10;
-    let mut run = |c: &mut Controller<'_>, p: &mut Fake, board: &mut Echoes, s: u64, seq: u32| {
-        hear_numbered(c, p, &alive(s), seq, s * 1000);
-        c.step(p, Some(cdu(0b1111, 0)), s * 1000);
-        if c.to_keep(p).is_some() {
-            c.kept(p, true);
+    booted(|c, p| {
+        let mut r = Rig::default();
+        r.board.silent = true;
+        let said = |p: &Fake, from: usize, what: &str| {
+            (p.ups[from..].iter())
+                .filter(|u| matches!(u, Up::Said { words, .. } if words.starts_with(what)))
+                .count()
+        };
+        let run = |c: &mut Controller<'_>, p: &mut Fake, r: &mut Rig, s: u64, seq: u32| {
+            hear_numbered(c, p, &alive(s), seq, s * 1000);
+            c.step(p, Some(cdu(0b1111, 0)), s * 1000);
+            write_back(c, p, r, s);
+        };
+        for s in 0..5u64 {
+            run(c, p, &mut r, s, 10 + s as u32);
         }
-        let plan = c.plan(p);
-        let (o, change) = c.write_and_read_back(board, &plan, &mut held, &mut console);
-        if let Some(change) = change {
-            c.read_back_changed(p, &change);
+        assert_eq!(said(p, 0, "read-back failing (no answer)"), 1, "once a run");
+        let before = p.ups.len();
+        for s in 5..8u64 {
+            run(c, p, &mut r, s, (s - 5) as u32);
         }
-        c.written(p, o);
-        c.report(p, s * 1000, true);
-    };
-    for s in 0..5u64 {
-        run(&mut c, p, &mut board, s, seq);
-        seq += 1;
-    }
-    assert_eq!(said(p, 0, "read-back failing (no answer)"), 1, "once a run");
-    let before = p.ups.len();
-    for s in 5..8u64 {
-        run(&mut c, p, &mut board, s, (s - 5) as u32);
-    }
-    assert_eq!(c.link.restarts, 1);
-    assert_eq!(
-        said(p, before, "read-back failing (no answer)"),
-        1,
-        "said again once"
-    );
-    // A setting not held: said again to a gateway started again.
-    board.silent = false;
-    board.ignored = std::vec!["pumps_run"];
-    let at = crate::cdu::holding("pumps_run").map(|r| r.address);
-    board.holding.remove(&at.unwrap());
-    let before = p.ups.len();
-    for s in 8..11u64 {
-        run(&mut c, p, &mut board, s, (s - 5) as u32);
-    }
-    assert_eq!(said(p, before, "heartbeat withheld"), 1);
-    let before = p.ups.len();
-    for s in 11..14u64 {
-        run(&mut c, p, &mut board, s, (s - 11) as u32);
-    }
-    assert_eq!(c.link.restarts, 2);
-    assert_eq!(said(p, before, "heartbeat withheld"), 1, "said again once");
+        assert_eq!(c.link.restarts, 1);
+        assert_eq!(
+            said(p, before, "read-back failing (no answer)"),
+            1,
+            "said again once"
+        );
+        // A setting not held: said again to a gateway started again.
+        r.board.silent = false;
+        r.board.ignored = std::vec!["pumps_run"];
+        r.board.holding.remove(&pumps_run_at());
+        let before = p.ups.len();
+        for s in 8..11u64 {
+            run(c, p, &mut r, s, (s - 5) as u32);
+        }
+        assert_eq!(said(p, before, "heartbeat withheld"), 1);
+        let before = p.ups.len();
+        for s in 11..14u64 {
+            run(c, p, &mut r, s, (s - 11) as u32);
+        }
+        assert_eq!(c.link.restarts, 2);
+        assert_eq!(said(p, before, "heartbeat withheld"), 1, "said again once");
+    });
 }
 
 /// The CDU holds no pumps to run for 6 steps: the heartbeat is withheld,
@@ -275,44 +267,30 @@ fn a_failing_read_back_and_a_setting_not_held_are_said_again_to_a_restarted_gate
 #[test]
 fn a_cdu_whose_fallback_overwrites_the_pumps_gets_its_heartbeat_back() {
     use loopwarden_protocol::ReasonCode;
-    let mut d = decider(&Ok(None));
-    let mut k = Box::new(LearnedKeeper::new());
-    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
-    let p = &mut *Fake::new();
-    c.boot(p, hello(), Opening::Nothing);
-    let mut board = Echoes {
-        watchdog: Some(3),
-        ..Echoes::default()
-    };
-    let mut held = SafetyHeld::default();
-    let mut console = String::new();
-    let (mut fell_back, mut beat) = (false, false);
-    for s in 0..40u64 {
-        let pumps = crate::cdu::holding("pumps_run").map(|r| r.address);
-        if s == 20 {
-            board.holding.insert(pumps.unwrap(), 0);
-            board.ignored = std::vec!["pumps_run"];
+    booted(|c, p| {
+        let mut r = Rig::default();
+        r.board.watchdog = Some(3);
+        let (mut fell_back, mut beat) = (false, false);
+        for s in 0..40u64 {
+            if s == 20 {
+                r.board.holding.insert(pumps_run_at(), 0);
+                r.board.ignored = std::vec!["pumps_run"];
+            }
+            if s == 26 {
+                r.board.ignored = std::vec![];
+            }
+            r.board.cycle();
+            fell_back |= r.board.fallback;
+            c.step(p, Some(cdu(0b1111, 0)), s * 1000);
+            beat = write_back(c, p, &mut r, s);
         }
-        if s == 26 {
-            board.ignored = std::vec![];
-        }
-        board.cycle();
-        fell_back |= board.fallback;
-        c.step(p, Some(cdu(0b1111, 0)), s * 1000);
-        if c.to_keep(p).is_some() {
-            c.kept(p, true);
-        }
-        let plan = c.plan(p);
-        let (o, change) = write_step(&mut board, &plan, &mut held, &mut console);
-        if let Some(change) = change {
-            c.read_back_changed(p, &change);
-        }
-        beat = (o.tried.iter()).any(|(s, r)| *s == Setting::Heartbeat && r.is_ok());
-        c.written(p, o);
-        c.report(p, s * 1000, true);
-    }
-    assert!(fell_back, "the CDU's watchdog ran out: {console}");
-    assert!(beat && !board.fallback && !held.withholds(), "{console}");
-    let (_, reason, _) = c.decider().core().mode();
-    assert_eq!(reason, ReasonCode::OK, "{console}");
+        let console = &r.console;
+        assert!(fell_back, "the CDU's watchdog ran out: {console}");
+        assert!(
+            beat && !r.board.fallback && !r.held.withholds(),
+            "{console}"
+        );
+        let (_, reason, _) = c.decider().core().mode();
+        assert_eq!(reason, ReasonCode::OK, "{console}");
+    });
 }

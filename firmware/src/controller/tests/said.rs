@@ -28,27 +28,24 @@ fn a_line_cut_to_the_gateways_room_is_marked_cut() {
 /// then no more; the record going in is said once.
 #[test]
 fn a_latched_record_not_kept_is_said_again_to_a_restarted_gateway() {
-    let mut d = decider(&Ok(None));
-    let mut k = Box::new(LearnedKeeper::new());
-    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
-    let p = &mut *Fake::new();
-    c.boot(p, hello(), Opening::Nothing);
-    let said = |p: &Fake, words: &str| {
-        (p.ups.iter())
-            .filter(|u| matches!(u, Up::Said { words: w, .. } if w.as_str() == words))
-            .count()
-    };
-    for s in 0..3u64 {
-        hear_numbered(&mut c, p, &alive(s), 10 + s as u32, s * 1000);
-        c.kept(p, false);
-    }
-    assert_eq!(said(p, super::super::LATCH_NOT_KEPT), 1);
-    for s in 3..6u64 {
-        hear_numbered(&mut c, p, &alive(s), (s - 3) as u32, s * 1000);
-        c.kept(p, false);
-    }
-    assert_eq!(c.link.restarts, 1);
-    assert_eq!(said(p, super::super::LATCH_NOT_KEPT), 2, "said again once");
-    c.kept(p, true);
-    assert_eq!(said(p, super::super::LATCH_KEPT_AGAIN), 1);
+    booted(|c, p| {
+        let said = |p: &Fake, words: &str| {
+            (p.ups.iter())
+                .filter(|u| matches!(u, Up::Said { words: w, .. } if w.as_str() == words))
+                .count()
+        };
+        for s in 0..3u64 {
+            hear_numbered(c, p, &alive(s), 10 + s as u32, s * 1000);
+            c.kept(p, false);
+        }
+        assert_eq!(said(p, super::super::LATCH_NOT_KEPT), 1);
+        for s in 3..6u64 {
+            hear_numbered(c, p, &alive(s), (s - 3) as u32, s * 1000);
+            c.kept(p, false);
+        }
+        assert_eq!(c.link.restarts, 1);
+        assert_eq!(said(p, super::super::LATCH_NOT_KEPT), 2, "said again once");
+        c.kept(p, true);
+        assert_eq!(said(p, super::super::LATCH_KEPT_AGAIN), 1);
+    });
 }

@@ -67,17 +67,14 @@ fn a_close_never_written_is_not_in_the_status_though_every_write_went_in() {
 
 #[test]
 fn a_close_the_cdu_took_is_in_the_status() {
-    let mut d = decider(&Ok(None));
-    let mut k = Box::new(LearnedKeeper::new());
-    let mut c = Controller::new(&mut d, ClearGate::new(None, &[]), &mut k);
-    let p = &mut *Fake::new();
-    c.boot(p, hello(), Opening::Nothing);
-    let mut open = 0b1111;
-    for s in 0..3u64 {
-        hear(&mut c, p, &alive(s), s * 1000);
-        let plan = step(&mut c, p, Some(cdu(open, 0b0100)), s);
-        open = plan.value(Setting::Valves).map_or(open, |v| v as u16);
-    }
-    assert_eq!(open, 0b1011);
-    assert_eq!(last_status(p).racks.valves_open, 0b1011);
+    booted(|c, p| {
+        let mut open = 0b1111;
+        for s in 0..3u64 {
+            hear(c, p, &alive(s), s * 1000);
+            let plan = step(c, p, Some(cdu(open, 0b0100)), s);
+            open = plan.value(Setting::Valves).map_or(open, |v| v as u16);
+        }
+        assert_eq!(open, 0b1011);
+        assert_eq!(last_status(p).racks.valves_open, 0b1011);
+    });
 }
