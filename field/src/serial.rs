@@ -14,7 +14,9 @@
 //! drops the rest of it (`^C (output cut)`); other keys typed meanwhile
 //! wait their turn (at most [`TYPED_AHEAD_MAX`] bytes). A Ctrl-C read
 //! before a command started (with its Enter key, or during its echo)
-//! cuts the command: it is not run, and that is said.
+//! cuts the command: it is not run, and that is said. The answer of a
+//! state-changing command is never cut: the command ran, and a Ctrl-C
+//! typed meanwhile is read after the answer, at the prompt.
 //!
 //! One session state and one steady clock serve every opening of the
 //! port: [`serve`] starts the clock once, and the session's times (the
@@ -462,7 +464,8 @@ where
                 Effect::Write(bytes) => {
                     if self.write(&bytes).await? == Written::Cut {
                         // What was still to be written goes with it, and
-                        // a command not started yet.
+                        // a command not started yet (what a command that
+                        // ran did is said all the same: WriteWhole).
                         let run = queue.iter().any(|e| matches!(e, Effect::Run { .. }));
                         queue.retain(|e| !matches!(e, Effect::Write(_) | Effect::Run { .. }));
                         let cut = if run {
@@ -472,6 +475,11 @@ where
                         };
                         self.carry_out_cut(cut).await?;
                     }
+                    session.shown(self.now());
+                }
+                Effect::WriteWhole(bytes) => {
+                    // Not cut: what a state change did is always said.
+                    write_moving(&mut self.writer, &bytes).await?;
                     session.shown(self.now());
                 }
                 Effect::Record(what) => self.record(what),
@@ -542,7 +550,9 @@ where
     async fn carry_out_cut(&mut self, effects: Vec<Effect>) -> std::io::Result<()> {
         for effect in effects {
             match effect {
-                Effect::Write(bytes) => write_moving(&mut self.writer, &bytes).await?,
+                Effect::Write(bytes) | Effect::WriteWhole(bytes) => {
+                    write_moving(&mut self.writer, &bytes).await?
+                }
                 Effect::Record(what) => self.record(what),
                 Effect::Run { .. } | Effect::Verify(_) => {}
             }

@@ -363,7 +363,9 @@ fn observe(
         let last = i + 1 == effects.len();
         match e {
             Effect::Write(b) if b == b"password: " => m.since_prompt = Some(Vec::new()),
-            Effect::Write(b) => m.since_prompt.iter_mut().for_each(|w| w.push(b.clone())),
+            Effect::Write(b) | Effect::WriteWhole(b) => {
+                m.since_prompt.iter_mut().for_each(|w| w.push(b.clone()))
+            }
             Effect::Run { words } if input && last => ran(session, m, words)?,
             Effect::Verify(p) if input && last => verify(m, p)?,
             Effect::Run { .. } | Effect::Verify(_) => {

@@ -78,8 +78,13 @@ pub struct Settings {
 /// What the shell is to do, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
-    /// Write these bytes to the port.
+    /// Write these bytes to the port; a Ctrl-C typed meanwhile cuts
+    /// them.
     Write(Vec<u8>),
+    /// Write these bytes to the port whole, whatever is typed meanwhile:
+    /// the answer of a state-changing command, which a Ctrl-C typed
+    /// while it ran came too late to stop.
+    WriteWhole(Vec<u8>),
     /// Ask the agent; answer with [`Session::answered`].
     Run {
         /// The words typed.
@@ -195,12 +200,17 @@ impl Session {
     }
 
     fn say(&self, text: &str) -> Effect {
+        Effect::Write(self.said(text))
+    }
+
+    /// `text` on lines of its own, then the prompt.
+    fn said(&self, text: &str) -> Vec<u8> {
         let mut bytes = crlf(text);
         if !text.ends_with('\n') {
             bytes.extend_from_slice(b"\r\n");
         }
         bytes.extend(self.prompt());
-        Effect::Write(bytes)
+        bytes
     }
 
     /// Whether a session is open.
@@ -460,7 +470,10 @@ impl Session {
     }
 
     /// The agent answered the command with `text` at `now`; `ok`: it did
-    /// what was asked. The idle time counts from `now`.
+    /// what was asked. The idle time counts from `now`. The answer of a
+    /// state-changing command is written whole ([`Effect::WriteWhole`]):
+    /// it says what was done, and a Ctrl-C typed while it ran stopped
+    /// nothing.
     pub fn answered(&mut self, now: u64, text: &str, ok: bool) -> Vec<Effect> {
         let Some(Busy::Run {
             line,
@@ -477,8 +490,10 @@ impl Session {
                 ok,
                 result: text.trim().to_string(),
             }));
+            out.push(Effect::WriteWhole(self.said(text)));
+        } else {
+            out.push(self.say(text));
         }
-        out.push(self.say(text));
         out
     }
 

@@ -42,7 +42,7 @@ fn split(effects: Vec<Effect>) -> (String, Vec<Effect>) {
     let mut rest = Vec::new();
     for e in effects {
         match e {
-            Effect::Write(b) => text.extend(b),
+            Effect::Write(b) | Effect::WriteWhole(b) => text.extend(b),
             other => rest.push(other),
         }
     }
@@ -166,14 +166,17 @@ fn a_state_change_needs_a_login_and_a_wrong_password_locks_login() {
             words: vec!["clear-leak".into(), "2".into()]
         }]
     );
-    let (_, rest) = split(s.answered(2_450, "rack 2: leak cleared", true));
+    // Recorded, and said whole (no Ctrl-C cuts what a state change did).
     assert_eq!(
-        rest,
-        [Effect::Record(What::Command {
-            line: "clear-leak 2".into(),
-            ok: true,
-            result: "rack 2: leak cleared".into()
-        })]
+        s.answered(2_450, "rack 2: leak cleared", true),
+        [
+            Effect::Record(What::Command {
+                line: "clear-leak 2".into(),
+                ok: true,
+                result: "rack 2: leak cleared".into()
+            }),
+            Effect::WriteWhole(b"rack 2: leak cleared\r\nu1# ".to_vec())
+        ]
     );
     let (text, rest) = type_in(&mut s, 2_500, b"logout\r");
     assert_eq!(
@@ -422,7 +425,7 @@ proptest! {
                 let mut effects = step.effects;
                 while let Some(e) = effects.pop() {
                     match e {
-                        Effect::Write(b) => written += b.len(),
+                        Effect::Write(b) | Effect::WriteWhole(b) => written += b.len(),
                         Effect::Run { .. } => effects.extend(s.answered(now, "ok", answers_ok)),
                         Effect::Verify(pw) => effects.extend(s.verified(now, pw.len() % 2 == 0)),
                         Effect::Record(_) => {}

@@ -358,14 +358,21 @@ fn counting_line() -> (
     Arc<std::sync::atomic::AtomicUsize>,
     Arc<Mutex<Vec<What>>>,
 ) {
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (engineer, records) = password_line(Counting(runs.clone()));
+    (engineer, runs, records)
+}
+
+/// The shell for `agent`, its password `right password`, over a line
+/// that takes 64 bytes at a time; the engineer's end and what the
+/// journal took.
+fn password_line<A: SerialAgent>(agent: A) -> (tokio::io::DuplexStream, Arc<Mutex<Vec<What>>>) {
     let console = SerialConsole {
         port: "/dev/ttyS1".into(),
         baud: 9_600,
         password_hash: Some(password::hash("right password").unwrap()),
         idle: Duration::from_secs(600),
     };
-    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let agent = Counting(runs.clone());
     let (agent_end, engineer) = tokio::io::duplex(64);
     let records = Arc::new(Mutex::new(Vec::new()));
     let kept = records.clone();
@@ -376,7 +383,7 @@ fn counting_line() -> (
         let held = (&mut session, &mut checks);
         run(agent_end, held, Instant::now(), &console, &agent, &journal).await
     });
-    (engineer, runs, records)
+    (engineer, records)
 }
 
 /// A Ctrl-C that comes in the same read as Enter (a paste, a console
@@ -418,6 +425,62 @@ async fn ctrl_c_with_the_enter_key_cuts_the_command_before_it_runs() {
     assert!(
         kept.iter()
             .any(|w| matches!(w, What::Command { ok: false, line, .. } if line == "clear-leak 2")),
+        "{kept:?}"
+    );
+}
+
+/// An agent whose `clear-leak` takes a second (the clear waits for the
+/// controller's step) and then says what it did, in more than one
+/// write's worth of a slow line.
+struct Clearing;
+
+impl SerialAgent for Clearing {
+    fn identity(&self) -> Identity {
+        TestAgent.identity()
+    }
+    fn commands(&self) -> &'static [Spec] {
+        COMMANDS
+    }
+    async fn run(&self, words: &[String], _operator: &str) -> Answer {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        Answer {
+            text: format!(
+                "rack {}: leak cleared, the alarm is acknowledged in the flash log, \
+                 and its valve reopens",
+                words[1]
+            ),
+            ok: true,
+        }
+    }
+}
+
+/// A Ctrl-C typed while a state-changing command runs comes too late to
+/// stop it: the command is done, and its answer is written whole, never
+/// cut, so the engineer never takes a clear that went through for one
+/// that was stopped.
+#[tokio::test(start_paused = true)]
+async fn a_ctrl_c_during_a_state_change_never_hides_its_result() {
+    let (mut engineer, records) = password_line(Clearing);
+    until(&mut engineer, "u1> ").await;
+    engineer.write_all(b"login\r").await.unwrap();
+    until(&mut engineer, "password: ").await;
+    engineer.write_all(b"right password\r").await.unwrap();
+    until(&mut engineer, "u1# ").await;
+    engineer.write_all(b"clear-leak 2\r").await.unwrap();
+    until(&mut engineer, "clear-leak 2\r\n").await;
+    engineer.write_all(b"\x03").await.unwrap();
+    // The whole answer, then the Ctrl-C, read after it, drops the
+    // (empty) line at the prompt and nothing more.
+    let (text, _) = until_marked(&mut engineer, "^C", "^C\r\nu1# ").await;
+    assert!(
+        text.ends_with("and its valve reopens\r\nu1# ^C\r\nu1# "),
+        "{text:?}"
+    );
+    assert!(!text.contains("output cut"), "{text:?}");
+    let kept = records.lock().unwrap().clone();
+    assert!(
+        kept.iter()
+            .any(|w| matches!(w, What::Command { ok: true, line, .. } if line == "clear-leak 2")),
         "{kept:?}"
     );
 }
