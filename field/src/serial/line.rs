@@ -6,7 +6,8 @@
 //! editor echoes what it keeps. It keeps printable ASCII only: any other
 //! byte (a control byte, a byte of 8 bits, line noise) is dropped, and so
 //! is an escape sequence (an arrow key, a function key, a burst of noise
-//! that starts with ESC). CR, LF and CR LF each end a line; backspace and
+//! that starts with ESC); a control byte inside one ends it and is
+//! carried out (ECMA-48). CR, LF and CR LF each end a line; backspace and
 //! DEL erase a character; Ctrl-U erases the line; Ctrl-C abandons it. A
 //! line longer than [`MAX_LINE`] is kept out: it ends as [`Edit::TooLong`]
 //! and nothing of it is acted on.
@@ -15,7 +16,8 @@
 //! - *echo*: the bytes sent back so the engineer sees what was kept.
 //! - *hidden*: a line that is not echoed (a password).
 //! - *escape sequence*: ESC, then `[` or `O` and the bytes of a control
-//!   sequence up to its final byte (ECMA-48), or ESC and one byte.
+//!   sequence up to its final byte (ECMA-48), or ESC and one byte; a
+//!   control byte (below 0x20) ends it early.
 
 /// The longest line kept, in characters.
 pub const MAX_LINE: usize = 200;
@@ -143,8 +145,15 @@ impl LineEditor {
         }
     }
 
-    /// Whether `byte` belongs to an escape sequence (and is dropped).
+    /// Whether `byte` belongs to an escape sequence (and is dropped). A
+    /// control byte (below 0x20: Enter, Ctrl-C, Ctrl-U, Backspace, ESC)
+    /// ends the sequence and is carried out, as ECMA-48 has it: an ESC
+    /// typed by mistake never swallows the Enter after it.
     fn in_escape(&mut self, byte: u8) -> bool {
+        if byte < 0x20 {
+            self.escape = Escape::No;
+            return false;
+        }
         match self.escape {
             Escape::No => false,
             Escape::Start => {
@@ -258,6 +267,22 @@ mod tests {
         noise.extend_from_slice(b"\rok\r");
         let (_, edits) = type_in(&mut e, &noise);
         assert_eq!(edits, [line("111"), line("ok")]);
+    }
+
+    /// A control byte inside an escape sequence is carried out, as
+    /// ECMA-48 says: Enter after a lone ESC still ends the line (it does
+    /// not run into the next one), Ctrl-C inside `ESC [` still drops it.
+    #[test]
+    fn a_control_byte_ends_an_escape_sequence_and_is_carried_out() {
+        let mut e = LineEditor::new();
+        let (echo, edits) = type_in(&mut e, b"status\x1b\rgpus\r");
+        assert_eq!(edits, [line("status"), line("gpus")]);
+        assert_eq!(echo, "status\r\ngpus\r\n");
+        let (_, edits) = type_in(&mut e, b"x\x1b[\x03");
+        assert_eq!(edits, [Edit::Cancelled]);
+        // Backspace and Ctrl-U too; ESC in a sequence starts a new one.
+        let (_, edits) = type_in(&mut e, b"ab\x1b\x08\x1b[1\x15ok\x1b[\x1b[Ax\r");
+        assert_eq!(edits, [line("okx")]);
     }
 
     #[test]
