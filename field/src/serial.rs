@@ -158,11 +158,17 @@ pub trait SerialAgent: Send + Sync + 'static {
 }
 
 /// The journal that writes each record to the agent's flash event log
-/// through its `recorder`, stamped with the time it is handed over.
+/// through its `recorder`, stamped with the time it is handed over, as
+/// what must not be lost: a storm of XIDs that fills the flash queue
+/// drops its own events, never a login or a command's record.
 pub fn flash_journal(
     recorder: loopwarden_store::recorder::Recorder,
 ) -> impl Fn(Record) + Send + Sync {
-    move |r| recorder.append(loopwarden_bus::now_ms(), record::CONSOLE_RECORD, r.encode())
+    // Past VITAL_MAX the recorder says as an error what it dropped.
+    move |r| {
+        let kind = record::CONSOLE_RECORD;
+        let _ = recorder.append_kept(loopwarden_bus::now_ms(), kind, r.encode());
+    }
 }
 
 /// Serves `agent`'s serial console, when one is configured, until the

@@ -31,7 +31,8 @@
 //! without waiting, as in a storm of XIDs) is dropped and counted
 //! ([`Recorder::dropped`]) once [`JOBS_MAX`] jobs wait. What must not be
 //! lost (a critical event such as a leak, a cap applied or a quarantine,
-//! an ack, a config value such as a GPU's health, anything waited for)
+//! an ack, a config value such as a GPU's health, a console's audit
+//! record ([`Recorder::append_kept`]), anything waited for)
 //! is queued beyond that, up
 //! to [`VITAL_MAX`]; past it the flash has fallen minutes behind, and it
 //! is dropped, counted and said as an error. Acks to refused commands are
@@ -483,6 +484,22 @@ impl Recorder {
         self.offer(job, "an event-log entry");
     }
 
+    /// Appends to the event log without waiting, as what must not be
+    /// lost (an audit record: a console login, a state-changing command):
+    /// queued beyond [`JOBS_MAX`], behind a storm's events, and dropped
+    /// only past [`VITAL_MAX`] (counted and said as an error). Whether it
+    /// was taken.
+    pub fn append_kept(&self, time: TimestampMs, kind: u8, body: Vec<u8>) -> bool {
+        let job = Job::Append {
+            time,
+            kind,
+            body,
+            done: None,
+        };
+        self.vital(job, "an event-log entry that must be kept")
+            .is_ok()
+    }
+
     /// Keeps a config value if the queue has room, else drops and counts
     /// it (for a value written again later: it never blocks the caller);
     /// whether it was handed over. It goes by the FIFO channel, behind
@@ -739,6 +756,30 @@ mod tests {
             r.publish(samples::message(MessageKind::Ack), TimestampMs(0), false);
         }
         assert_eq!(r.dropped(), 3);
+    }
+
+    /// An entry appended as kept (the consoles' audit records) is queued
+    /// past the bound that drops a storm's events, and reaches the log.
+    #[test]
+    fn an_entry_appended_as_kept_is_not_dropped_by_a_full_queue() {
+        let (r, rx) = stalled(2);
+        for i in 0..2u8 {
+            r.append(TimestampMs(0), 1, vec![i]);
+        }
+        r.append(TimestampMs(0), 1, vec![9]);
+        assert_eq!(r.dropped(), 1, "the queue is full");
+        assert!(r.append_kept(TimestampMs(1), CONSOLE_RECORD, b"login".to_vec()));
+        assert_eq!(r.dropped(), 1, "the kept entry was not dropped");
+        start_stalled(&r, rx);
+        futures::executor::block_on(r.flush());
+        let read = futures::executor::block_on(r.read()).expect("the log");
+        let kept: Vec<_> = read
+            .entries
+            .iter()
+            .filter(|e| e.kind == CONSOLE_RECORD)
+            .map(|e| e.body.clone())
+            .collect();
+        assert_eq!(kept, [b"login".to_vec()]);
     }
 
     #[test]
