@@ -18,12 +18,30 @@ fn ms_ago(now: TimestampMs, t: TimestampMs) -> f64 {
 }
 
 /// Answers one console request, at most 10 s after it came, once the loop
-/// has published its first snapshot.
+/// has published its first snapshot; before that, that the agent is
+/// still starting.
 pub async fn answer(ctx: &Context, req: Request) -> Value {
     match tokio::time::timeout(Duration::from_secs(10), answer_now(ctx, req)).await {
         Ok(v) => v,
-        Err(_) => json!({ "error": "the agent did not answer in 10 s" }),
+        Err(_) => {
+            let sampled = ctx.snapshot.borrow().is_some();
+            unanswered(sampled, ctx.started, now_ms())
+        }
     }
+}
+
+/// The error of a request not answered in 10 s, at `now`: the agent
+/// started at `started` is still starting while its loop has published
+/// no snapshot (`sampled` false: its start waits, as on a held quarantine
+/// or the GPUs' first limits), else it did not answer.
+fn unanswered(sampled: bool, started: TimestampMs, now: TimestampMs) -> Value {
+    if sampled {
+        return json!({ "error": "the agent did not answer in 10 s" });
+    }
+    json!({ "error": format!(
+        "the agent is still starting ({:.0} s since start): no sampling round yet",
+        ms_ago(now, started)
+    ) })
 }
 
 async fn answer_now(ctx: &Context, req: Request) -> Value {
@@ -513,6 +531,20 @@ fn why(snap: &Snapshot, now: TimestampMs, gpu: u8) -> Value {
 mod tests {
     use super::*;
     use crate::console::snapshot::test_view;
+
+    /// A request before the loop's first snapshot says the agent is
+    /// still starting, and since when; after it, that it did not answer.
+    #[test]
+    fn a_request_before_the_first_sampling_round_says_the_agent_is_starting() {
+        let started = TimestampMs(1_800_000_000_000);
+        let v = unanswered(false, started, TimestampMs(started.0 + 42_400));
+        assert_eq!(
+            v["error"], "the agent is still starting (42 s since start): no sampling round yet",
+            "{v}"
+        );
+        let v = unanswered(true, started, TimestampMs(started.0 + 42_400));
+        assert_eq!(v["error"], "the agent did not answer in 10 s", "{v}");
+    }
 
     /// A GPU never sampled shows no value as a live one: every sample
     /// field is null; an unsupported group is null, the others are read.
