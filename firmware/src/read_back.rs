@@ -274,6 +274,17 @@ impl SafetyHeld {
         self.withholds() || !self.read_held
     }
 
+    /// Why the heartbeat is withheld, for the console's status line: the
+    /// first setting found not held, else none read back held since the
+    /// start (`None`: not withheld).
+    pub fn withheld_why(&self) -> Option<&dyn fmt::Display> {
+        match self.unheld.first() {
+            Some(n) => Some(n),
+            None if !self.read_held => Some(&SINCE_START),
+            None => None,
+        }
+    }
+
     /// The settings found not held, none read held since.
     pub fn unheld(&self) -> &[NotHeld] {
         &self.unheld
@@ -481,6 +492,10 @@ pub fn write_step<P: HoldingPort>(
 /// settings held since the start.
 const UNPROVEN: &str =
     "withheld: the safety settings not read back held since the start (read back first)";
+
+/// The same, for the status line ([`SafetyHeld::withheld_why`]).
+const SINCE_START: &str =
+    "the safety settings not read back held since the start (read back first)";
 
 /// The heartbeat withheld before a read-back has read the safety
 /// settings held since the start: said so, unless withheld for a safety
@@ -1320,5 +1335,29 @@ mod boot {
             );
             assert!(!o.heartbeat_held);
         }
+    }
+
+    /// The status line's why of the heartbeat withheld: from the start
+    /// until a read-back reads the safety settings held, then the setting
+    /// found not held, then none once it reads back held.
+    #[test]
+    fn the_status_line_says_why_the_heartbeat_is_withheld_from_the_start() {
+        let why = |h: &SafetyHeld| h.withheld_why().map(|w| w.to_string());
+        let mut cdu = Cdu::new();
+        let mut held = SafetyHeld::default();
+        assert_eq!(why(&held).as_deref(), Some(SINCE_START));
+        assert!(UNPROVEN.ends_with(SINCE_START));
+        cdu.silent = true;
+        cdu.step(&plan(0b1111), &mut held);
+        assert_eq!(why(&held).as_deref(), Some(SINCE_START), "unanswered");
+        cdu.silent = false;
+        cdu.step(&plan(0b1111), &mut held);
+        assert_eq!(why(&held), None, "read back held");
+        let valves = holding("valves_open").map(|r| r.address).unwrap();
+        cdu.ignores.push("valves_open");
+        cdu.holding.insert(valves, 0b1111);
+        cdu.step(&plan(0b0111), &mut held);
+        let said = why(&held).unwrap_or_default();
+        assert!(said.contains("valves_open"), "{said}");
     }
 }

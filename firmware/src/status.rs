@@ -1,7 +1,8 @@
 //! The step's status line on the console (UART2): the step, its time,
 //! its instructions and stack, the mode, what the CDU read, what was
 //! written and what its read-back found (the heartbeat withheld while a
-//! safety setting reads back not held), then the link's counts (frames in, bad and why the last
+//! safety setting reads back not held, or since the start until a
+//! read-back reads them held), then the link's counts (frames in, bad and why the last
 //! was, bytes the receive ring lost, repeated, the gaps
 //! in their numbers and the frames lost in them, the gateway's restarts,
 //! frames dropped out; `firmware/test-qemu.sh` shows the
@@ -159,7 +160,9 @@ impl Line<'_, '_> {
     }
 
     /// The read-backs' counts since boot, when any failed, and the
-    /// heartbeat withheld while a safety setting reads back not held.
+    /// heartbeat withheld, with why: a safety setting reads back not
+    /// held, or none has read back held since the start
+    /// ([`SafetyHeld::withheld_why`]).
     fn read_back(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = self.safety;
         if s.not_held > 0 || s.unread > 0 {
@@ -169,8 +172,8 @@ impl Line<'_, '_> {
                 s.not_held, s.unread
             )?;
         }
-        if let Some(n) = s.unheld().first() {
-            write!(f, " | HEARTBEAT WITHHELD: {n}")?;
+        if let Some(why) = s.withheld_why() {
+            write!(f, " | HEARTBEAT WITHHELD: {why}")?;
         }
         Ok(())
     }
