@@ -246,11 +246,15 @@ fn stale_index_line(stale: &Value) -> String {
         .map(s)
         .collect();
     let tags: Vec<String> = was.iter().map(|w| format!("gpu{w}")).collect();
+    // One command per tag: `loopwarden-slurm resume` takes one.
+    let resumes: Vec<String> = (tags.iter())
+        .map(|t| format!("loopwarden-slurm resume NODE {t}"))
+        .collect();
     format!(
-        "GPU {gpu}: its quarantine actions ran as GPU {} before the GPUs were numbered otherwise: what they left there (a drain tagged {}) may still stand: undo it by hand (loopwarden-slurm resume NODE {}); shown until GPU {gpu} is released",
+        "GPU {gpu}: its quarantine actions ran as GPU {} before the GPUs were numbered otherwise: what they left there (a drain tagged {}) may still stand: undo it by hand ({}); shown until GPU {gpu} is released",
         was.join(", "),
         tags.join(", "),
-        tags.join(" ")
+        resumes.join("; ")
     )
 }
 
@@ -614,6 +618,22 @@ mod tests {
         );
         let none = render(&Request::Status, &json!({"stale_indexes": []}));
         assert!(!none.contains("STALE INDEX"), "{none}");
+    }
+
+    /// `loopwarden-slurm resume` takes one tag: two stale indexes are
+    /// two commands, each runnable as shown.
+    #[test]
+    fn status_gives_one_resume_command_per_stale_index() {
+        let v = json!({"stale_indexes": [{"gpu": 0, "was": [1, 2]}]});
+        let text = render(&Request::Status, &v);
+        let row = (text.lines())
+            .find(|l| l.starts_with("STALE INDEX "))
+            .unwrap_or_else(|| panic!("no STALE INDEX row in\n{text}"));
+        assert!(
+            row.contains("loopwarden-slurm resume NODE gpu1; loopwarden-slurm resume NODE gpu2")
+                && !row.contains("gpu1 gpu2"),
+            "{row}"
+        );
     }
 
     #[test]
