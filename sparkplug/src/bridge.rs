@@ -63,12 +63,14 @@ use std::collections::BTreeMap;
 use loopwarden_protocol::{Family, Frame, Ident, Message, Role, Topic};
 
 mod devices;
+mod node;
 mod rebirth;
 
 use crate::device::{measured_at, View};
 use crate::payload::{self, DataType, Point, Value};
 use devices::{notice_refused, refusal, Device, Heard};
 pub use devices::{CONTROLLER_SILENT_AFTER_MS, GPU_POWER_MAX_W, PACE_MAX_MS};
+use node::{point, Counters};
 
 /// The metric a host sets to ask for every birth again.
 pub const REBIRTH: &str = "Node Control/Rebirth";
@@ -272,32 +274,6 @@ pub enum Input {
     Stop,
 }
 
-/// A metric of the bridge itself: always a value, no unit.
-fn point(name: &str, datatype: DataType, value: Value, time: u64) -> Point {
-    Point {
-        name: name.into(),
-        datatype,
-        value: Some(value),
-        unit: None,
-        time,
-    }
-}
-
-/// The bridge's own counters, its NDATA metrics.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct Counters {
-    frames_received: u64,
-    frames_refused: u64,
-    commands_refused: u64,
-    rebirths_limited: u64,
-    publishes_dropped: u64,
-    devices_silent: u64,
-    frames_dropped_inbound: u64,
-    loopwarden_connected: bool,
-    /// The broker refused this connection's NCMD subscription.
-    ncmd_refused: bool,
-}
-
 /// The bridge core.
 pub struct Bridge {
     config: BridgeConfig,
@@ -480,69 +456,6 @@ impl Bridge {
     fn ndeath(&mut self, now: u64) -> Publish {
         let metrics = vec![self.bd_seq_point(now).to_birth()];
         self.publish(Kind::NDeath, None, now, metrics)
-    }
-
-    /// The bridge's own metrics (those NDATA may carry).
-    fn node_metrics(&self, now: u64) -> Vec<Point> {
-        let c = &self.counters;
-        let point = |name, datatype, value| point(name, datatype, value, now);
-        let online = self
-            .devices
-            .values()
-            .filter(|d| d.published.is_some())
-            .count();
-        vec![
-            point(
-                "bridge/loopwarden_connected",
-                DataType::Boolean,
-                Value::Boolean(c.loopwarden_connected),
-            ),
-            point(
-                "bridge/ncmd_refused",
-                DataType::Boolean,
-                Value::Boolean(c.ncmd_refused),
-            ),
-            point(
-                "bridge/devices_online",
-                DataType::UInt32,
-                Value::UInt32(online as u32),
-            ),
-            point(
-                "bridge/frames_received",
-                DataType::UInt64,
-                Value::UInt64(c.frames_received),
-            ),
-            point(
-                "bridge/frames_refused",
-                DataType::UInt64,
-                Value::UInt64(c.frames_refused),
-            ),
-            point(
-                "bridge/commands_refused",
-                DataType::UInt64,
-                Value::UInt64(c.commands_refused),
-            ),
-            point(
-                "bridge/rebirths_limited",
-                DataType::UInt64,
-                Value::UInt64(c.rebirths_limited),
-            ),
-            point(
-                "bridge/publishes_dropped",
-                DataType::UInt64,
-                Value::UInt64(c.publishes_dropped),
-            ),
-            point(
-                "bridge/devices_silent",
-                DataType::UInt64,
-                Value::UInt64(c.devices_silent),
-            ),
-            point(
-                "bridge/frames_dropped_inbound",
-                DataType::UInt64,
-                Value::UInt64(c.frames_dropped_inbound),
-            ),
-        ]
     }
 
     /// NBIRTH (`seq` 0) and every DBIRTH, for a new session or a rebirth.
@@ -766,29 +679,6 @@ impl Bridge {
         let mut out = silent;
         out.extend(self.ndata(now));
         out
-    }
-
-    /// The bridge's metrics that changed, at most once per
-    /// `ndata_every_ms`.
-    fn ndata(&mut self, at: Now) -> Option<Publish> {
-        if at.mono.saturating_sub(self.node_published_at) < self.config.ndata_every_ms {
-            return None;
-        }
-        let now = at.wall;
-        let now_metrics = self.node_metrics(now);
-        let changed: Vec<payload::Metric> = self
-            .node_published
-            .iter()
-            .zip(&now_metrics)
-            .filter(|(a, b)| a.value != b.value)
-            .map(|(_, b)| b.to_data())
-            .collect();
-        if changed.is_empty() {
-            return None;
-        }
-        self.node_published = now_metrics;
-        self.node_published_at = at.mono;
-        Some(self.publish(Kind::NData, None, now, changed))
     }
 }
 
