@@ -574,7 +574,7 @@ pub async fn run(options: Options) -> Result<()> {
         bridge,
         max_devices,
     } = options;
-    let ncmd = format!("spBv1.0/{}/NCMD/{}", bridge.group, bridge.edge_node);
+    let ncmd = bridge.ncmd_topic();
     let (bus, mut inbound, bus_task) = start_loopwarden(loopwarden.clone(), loopwarden_tls, &site)?;
     let mut core = Bridge::new(bridge);
     let will = core.connecting(now().wall);

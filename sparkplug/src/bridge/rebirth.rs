@@ -2,8 +2,16 @@
 //! resync after dropped publishes, each held to its window, with no DATA
 //! while births are due.
 
-use super::{Bridge, Notice, Now, Publish, REBIRTH, REBIRTH_EVERY_MS, RESYNC_MAX_MS};
+use super::{Bridge, BridgeConfig, Notice, Now, Publish, REBIRTH, REBIRTH_EVERY_MS, RESYNC_MAX_MS};
 use crate::payload;
+
+impl BridgeConfig {
+    /// The topic of this edge node's commands (NCMD), the bridge's one
+    /// Sparkplug subscription.
+    pub fn ncmd_topic(&self) -> String {
+        format!("spBv1.0/{}/NCMD/{}", self.group, self.edge_node)
+    }
+}
 
 impl Bridge {
     pub(super) fn command(&mut self, now: Now, bytes: &[u8]) -> Vec<Publish> {
@@ -37,14 +45,11 @@ impl Bridge {
     /// taking it would send a second round of births at every connection
     /// (whose own births already answer it). Refused, saying how to clear it.
     pub(super) fn retained_command(&mut self, bytes: &[u8]) -> Vec<Publish> {
-        let c = &self.config;
         let why = format!(
             "retained NCMD ({} bytes): Sparkplug NCMDs are never retained, and the broker \
-             hands it over at every connection; clear it with an empty retained publish to \
-             spBv1.0/{}/NCMD/{}",
+             hands it over at every connection; clear it with an empty retained publish to {}",
             bytes.len(),
-            c.group,
-            c.edge_node
+            self.config.ncmd_topic()
         );
         self.counters.commands_refused += 1;
         self.notify(Notice::CommandRefused { why });
@@ -56,8 +61,7 @@ impl Bridge {
     /// logs it as an error, as the broker's ACL likely drops the births too.
     pub(super) fn ncmd_refused(&mut self) -> Vec<Publish> {
         self.counters.ncmd_refused = true;
-        let c = &self.config;
-        let topic = format!("spBv1.0/{}/NCMD/{}", c.group, c.edge_node);
+        let topic = self.config.ncmd_topic();
         self.notify(Notice::NcmdRefused { topic });
         Vec::new()
     }
