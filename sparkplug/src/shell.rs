@@ -157,10 +157,11 @@ fn lost_why(e: &rumqttc::ConnectionError, ncmd: &str) -> String {
         return e.to_string();
     };
     format!(
-        "the broker sent a packet of {size} bytes, past the client's {MAX_PACKET}: an NCMD on \
-         {ncmd} (its one subscription). Sparkplug NCMDs are small and never retained; if it is \
-         retained it comes at every connection and the bridge cannot stay connected: clear it \
-         with an empty retained publish, and limit the packets of that topic on the broker \
+        "the broker sent a packet whose remaining length is {size} bytes, past the client's \
+         {MAX_PACKET}: an NCMD on {ncmd} (its one subscription). Sparkplug NCMDs are small and \
+         never retained; if it is retained it comes at every connection and the bridge cannot \
+         stay connected: clear it with an empty retained publish, and set the broker's \
+         max_packet_size to 1 MiB or less so that it refuses such a publish itself \
          (docs/sparkplug.md section 6) ({e})"
     )
 }
@@ -688,7 +689,9 @@ mod tests {
         let too_large = rumqttc::Error::PayloadSizeLimitExceeded(MAX_PACKET + 1);
         let e = ConnectionError::MqttState(StateError::Deserialization(too_large));
         let why = lost_why(&e, ncmd);
-        assert!(why.contains(&format!("{} bytes", MAX_PACKET + 1)), "{why}");
+        let size = format!("remaining length is {} bytes", MAX_PACKET + 1);
+        assert!(why.contains(&size), "{why}");
+        assert!(why.contains("max_packet_size to 1 MiB or less"), "{why}");
         assert!(why.contains(ncmd), "{why}");
         assert!(why.contains("empty retained publish"), "{why}");
         // Any other loss is said as the client says it.
