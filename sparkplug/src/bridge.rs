@@ -28,6 +28,8 @@
 //!   kept;
 //! - an NCMD the broker kept retained is refused (counted in
 //!   `bridge/commands_refused`): it would come again at every connection;
+//!   an empty one (the publish that clears it, handed over live) is
+//!   ignored, not counted;
 //! - a refused NCMD subscription is said (`bridge/ncmd_refused` in the
 //!   NBIRTH, an error in the log): no rebirth request can reach the bridge;
 //! - NCMD `Node Control/Rebirth` true: NBIRTH and every DBIRTH again, at
@@ -132,6 +134,9 @@ pub enum Notice {
         /// Requests held back since the bridge started.
         total: u64,
     },
+    /// An empty NCMD, ignored: the publish that clears a retained one,
+    /// which the broker hands over live.
+    EmptyCommand,
     /// An NCMD was refused (counted in `bridge/commands_refused`).
     CommandRefused {
         /// Why.

@@ -328,6 +328,13 @@ fn log_notices(core: &mut Bridge, limit: &mut LogLimit, now: u64) {
                  the window's end, for every request until then (bridge/rebirths_limited)",
                 REBIRTH_EVERY_MS / 1000
             ),
+            Notice::EmptyCommand => match limit.allow("NCMD empty".into(), now) {
+                Allow::Line(held_back) | Allow::Others(held_back) => info!(
+                    held_back,
+                    "empty NCMD ignored: the publish that clears a retained NCMD, handed over live"
+                ),
+                Allow::Held => {}
+            },
             Notice::CommandRefused { why } => match limit.allow("NCMD".into(), now) {
                 Allow::Line(held_back) | Allow::Others(held_back) => {
                     warn!(%why, held_back, "NCMD refused (bridge/commands_refused)")

@@ -15,6 +15,12 @@ impl BridgeConfig {
 
 impl Bridge {
     pub(super) fn command(&mut self, now: Now, bytes: &[u8]) -> Vec<Publish> {
+        // Clearing a retained NCMD is an empty retained publish, which the
+        // broker hands to the bridge live: no request, and nothing wrong.
+        if bytes.is_empty() {
+            self.notify(Notice::EmptyCommand);
+            return Vec::new();
+        }
         let why = match payload::decode(bytes) {
             Err(e) => Some(format!("cannot be decoded: {e}")),
             Ok(p) if p.metrics.iter().any(is_rebirth) => None,

@@ -392,6 +392,20 @@ fn a_refused_command_is_said_with_why_and_one_outside_a_session_is_counted() {
 }
 
 #[test]
+fn the_empty_publish_that_clears_a_retained_ncmd_is_ignored_not_refused() {
+    let mut b = bridge();
+    connected(&mut b);
+    // Clearing a retained NCMD is an empty retained publish, which the
+    // broker hands to its subscribers live, not retained.
+    assert!(b.step(T + 6_000, Input::Command(Vec::new())).is_empty());
+    assert_eq!(b.take_notices(), [Notice::EmptyCommand]);
+    let out = b.step(T + 7_000, Input::Command(rebirth_command()));
+    assert_eq!(kinds(&out)[0], (Kind::NBirth, None));
+    let refused = metric(&body(&out[0]), "bridge/commands_refused");
+    assert_eq!(refused, Some(MetricValue::Long(0)));
+}
+
+#[test]
 fn a_host_using_a_cdus_id_is_said_once_naming_both() {
     let mut b = bridge();
     connected(&mut b);
