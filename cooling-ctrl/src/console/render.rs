@@ -55,9 +55,8 @@ fn status(v: &Value) -> String {
         rows.push((
             "HEARTBEAT HELD",
             format!(
-                "not written: the CDU does not hold a safety setting it echoed ({why}); \
-                 it runs on its own control after its heartbeat timeout until a read-back \
-                 reads it held"
+                "not written: {why}; it runs on its own control after its heartbeat \
+                 timeout until a read-back reads it held"
             ),
         ));
     }
@@ -733,10 +732,11 @@ mod tests {
 
     #[test]
     fn a_heartbeat_held_back_is_a_row_saying_why_and_none_otherwise() {
-        let v = json!({"heartbeat_held": "valves_open: holding 3 reads back value 0"});
+        let v = json!({"heartbeat_held": "the CDU does not hold a safety setting it echoed \
+                                          (valves_open: holding 3 reads back value 0)"});
         let held = row(&v, "HEARTBEAT HELD");
         assert!(
-            held.contains("not written")
+            held.contains("not written: the CDU does not hold a safety setting it echoed")
                 && held.contains("(valves_open: holding 3 reads back value 0)")
                 && held.contains("its own control"),
             "{held}"

@@ -60,6 +60,28 @@ fn not_served(e: &crate::modbus::CduError) -> bool {
     matches!(e.refused_code(), Some(1 | 2))
 }
 
+/// Why the heartbeat is withheld before a read-back has read the safety
+/// settings held since the start.
+const UNPROVEN: &str = "the safety settings not read back held since the start (read back first)";
+
+/// Whether a step's read-back `back` of the writes of `plan` that went
+/// in (`went_in`) reads the plan's safety settings (valves, pumps to
+/// run, lead pump) held, for the first heartbeat since the start: each
+/// went in, none read back holding another value, none whose read-back
+/// failed but refused outright (exception 1 or 2: a CDU that serves no
+/// read-back, its echo taken as before). A plan with none of them has
+/// nothing to read back.
+fn reads_safety_held(plan: &Plan, went_in: &[Write], back: &crate::modbus::ReadBack) -> bool {
+    let safety = |set: &[Setting]| set.iter().any(|s| s.safety());
+    let went = |s: Setting| went_in.iter().any(|w| w.setting == s);
+    let all_went = (plan.writes.iter())
+        .filter(|w| w.setting.safety())
+        .all(|w| went(w.setting));
+    let failed = (back.unread.iter()).any(|(set, e)| safety(set) && !not_served(e));
+    let not_held = back.not_held.iter().any(|(set, _)| safety(set));
+    all_went && !failed && !not_held
+}
+
 /// A setting not known taken since its last write did not go in.
 #[derive(Debug)]
 struct NotTaken {
@@ -87,6 +109,16 @@ pub(super) struct Devices<P> {
     /// written, so the CDU falls back to its own control while its
     /// echoes say one thing and its registers another.
     safety_not_held: Failing,
+    /// A step's read-back has read the safety settings of its plan held
+    /// since the start (or the CDU refused it outright, exception 1 or
+    /// 2: it serves none, its echo taken; or the plan has none of
+    /// them): until then the heartbeat is not written, so a controller
+    /// restarted faster than the CDU's watchdog writes none to a CDU
+    /// that does not hold them ([`Devices::beat_withheld`]).
+    read_held: bool,
+    /// The heartbeat not written since the start for want of such a
+    /// read-back: said once, and its end.
+    unproven: Failing,
     /// The settings whose last write did not go in (refused, not
     /// answered, not tried, read back holding another value, or not read
     /// back since one of those), each with whether it was read back not
@@ -162,6 +194,8 @@ impl<P: CduPort> Devices<P> {
             write_error: Failing::default(),
             read_back_error: Failing::default(),
             safety_not_held: Failing::default(),
+            read_held: false,
+            unproven: Failing::default(),
             not_taken: Vec::new(),
             board_errors: BoardErrors::default(),
             last_read: None,
@@ -173,6 +207,14 @@ impl<P: CduPort> Devices<P> {
     /// ([`pump_fault`]).
     pub(super) fn pump_fault(&self, pump: usize) -> Result<Option<bool>, &'static str> {
         pump_fault(self.pump_faults, self.fault_bits, pump)
+    }
+
+    /// As past a read-back that read the safety settings held: a
+    /// controller that has run a while.
+    #[cfg(test)]
+    pub(super) fn seen_held(mut self) -> Self {
+        self.read_held = true;
+        self
     }
 
     /// The last read's error, while the CDU does not answer.
@@ -216,7 +258,10 @@ impl<P: CduPort> Devices<P> {
     /// reads it held: the heartbeat held back is recorded as not written
     /// (so the core reads the CDU as not taking its writes: degraded) and
     /// said in `stats` for the step it was held back
-    /// ([`ShellStats::heartbeat_held`]). A setting whose
+    /// ([`ShellStats::heartbeat_held`]). After the start the heartbeat is
+    /// so held back too until a step's read-back reads the safety
+    /// settings held ([`Devices::read_held`]; the valves and pumps are
+    /// written at the first step as ever). A setting whose
     /// last write did not go in stays not taken over a step whose
     /// read-back of it fails ([`Devices::not_taken`]). The first failure
     /// is counted, and logged whole once per change of its text.
@@ -227,7 +272,8 @@ impl<P: CduPort> Devices<P> {
         let mut beat_held = None;
         for w in &plan.writes {
             if self.heartbeat_held(w) {
-                beat_held = self.safety_not_held.0.clone();
+                self.say_unproven();
+                beat_held = Some(self.held_why());
                 if outcome.due(w) {
                     outcome.record(w.setting, Err(self.held_back()));
                     outcome.heartbeat_held = true;
@@ -243,10 +289,11 @@ impl<P: CduPort> Devices<P> {
             }
             outcome.record(w.setting, r);
         }
-        match &held {
+        let read_held = match &held {
             None => self.read_back(plan, &mut outcome, &mut first, stats).await,
             Some(why) => self.not_read_back(why, &mut outcome, &mut first),
-        }
+        };
+        self.judge_proven(read_held);
         self.judge_taken(&outcome);
         self.judge_writes(first, stats);
         // A read-back failing (refused) since is said with it.
@@ -258,18 +305,33 @@ impl<P: CduPort> Devices<P> {
         // step (its write failed) or from the next step on, known now, so
         // the mode names it from the step that found it to the step that
         // read it held again, never the refused writes.
-        outcome.heartbeat_held |= self.unheld_safety().next().is_some();
+        outcome.heartbeat_held |= self.beat_withheld();
         outcome
     }
 
     /// Why the heartbeat is not written this step (while
     /// [`Devices::heartbeat_held`]).
     fn held_back(&self) -> String {
+        if self.unheld_safety().next().is_none() {
+            return format!("not written: {UNPROVEN}");
+        }
         let why = self.safety_not_held.0.as_deref().unwrap_or_default();
         format!(
             "not written: the CDU does not hold a safety setting it echoed ({why}), so it \
              falls back to its own control"
         )
+    }
+
+    /// Why the heartbeat is held back, for `ctl status` and the stats
+    /// ([`ShellStats::heartbeat_held`]): the settings found not held, or
+    /// none read back held since the start.
+    fn held_why(&self) -> String {
+        match self.safety_not_held.0.as_deref() {
+            Some(why) if self.unheld_safety().next().is_some() => {
+                format!("the CDU does not hold a safety setting it echoed ({why})")
+            }
+            _ => UNPROVEN.to_string(),
+        }
     }
 
     /// Keeps [`Devices::not_taken`] after a step's `outcome`: a setting
@@ -302,13 +364,15 @@ impl<P: CduPort> Devices<P> {
     /// as their echo said (taken): it is counted as a read error and
     /// logged once per change of its text ([`Devices::judge_read_back`]);
     /// one not taken before is judged by [`Devices::judge_unread`].
+    /// Whether it reads the plan's safety settings held
+    /// ([`reads_safety_held`]).
     async fn read_back(
         &mut self,
         plan: &Plan,
         outcome: &mut Outcome,
         first: &mut Option<String>,
         stats: &mut ShellStats,
-    ) {
+    ) -> bool {
         let went_in = |w: &&Write| {
             outcome
                 .tried
@@ -317,9 +381,10 @@ impl<P: CduPort> Devices<P> {
         };
         let went_in: Vec<Write> = plan.writes.iter().filter(went_in).copied().collect();
         if went_in.is_empty() {
-            return;
+            return reads_safety_held(plan, &went_in, &crate::modbus::ReadBack::default());
         }
         let back = self.cdu.read_back(&went_in).await;
+        let read_held = reads_safety_held(plan, &went_in, &back);
         self.judge_read_back(&back.unread, stats);
         for (settings, e) in &back.unread {
             for s in settings {
@@ -336,12 +401,41 @@ impl<P: CduPort> Devices<P> {
                 }
             }
         }
+        read_held
+    }
+
+    /// The heartbeat withheld for want of a read-back that read the
+    /// safety settings held since the start: said once.
+    fn say_unproven(&mut self) {
+        if !self.read_held && self.unproven.failed(UNPROVEN.to_string()) {
+            tracing::info!(
+                "cooling shell: the heartbeat is not written: {UNPROVEN}; the valves and pumps \
+                 are written as planned"
+            );
+        }
+    }
+
+    /// A step's read-back read the plan's safety settings held
+    /// (`read_held`): the first since the start lets the heartbeat out
+    /// from the next step, said.
+    fn judge_proven(&mut self, read_held: bool) {
+        if self.read_held || !read_held {
+            return;
+        }
+        self.read_held = true;
+        if self.unproven.worked().is_some() {
+            tracing::info!(
+                "cooling shell: the CDU's safety settings read back held since the start: the \
+                 heartbeat is written from the next step"
+            );
+        }
     }
 
     /// The step's writes that went in, not read back since a later write
     /// went unanswered (`why`): each judged as a read-back that failed
     /// ([`Devices::judge_unread`]), the heartbeat aside (never read back).
-    fn not_read_back(&self, why: &str, outcome: &mut Outcome, first: &mut Option<String>) {
+    /// Never reads the safety settings held (`false`).
+    fn not_read_back(&self, why: &str, outcome: &mut Outcome, first: &mut Option<String>) -> bool {
         let went_in: Vec<Setting> = (outcome.tried.iter())
             .filter(|(s, r)| r.is_ok() && *s != Setting::Heartbeat)
             .map(|(s, _)| *s)
@@ -349,6 +443,7 @@ impl<P: CduPort> Devices<P> {
         for s in went_in {
             self.judge_unread(s, true, &why, outcome, first);
         }
+        false
     }
 
     /// The setting `s`, not taken before, whose read-back failed (`e`;
@@ -434,11 +529,17 @@ impl<P: CduPort> Devices<P> {
         }
     }
 
-    /// Whether `w` is the heartbeat and a read-back found a safety
-    /// setting not held that none has read held since: then it is not
-    /// written this step.
+    /// Whether `w` is the heartbeat and it is withheld
+    /// ([`Devices::beat_withheld`]): then it is not written this step.
     fn heartbeat_held(&self, w: &Write) -> bool {
-        w.setting == Setting::Heartbeat && self.unheld_safety().next().is_some()
+        w.setting == Setting::Heartbeat && self.beat_withheld()
+    }
+
+    /// Whether the heartbeat is withheld: a read-back found a safety
+    /// setting not held that none has read held since, or none has read
+    /// the safety settings held since the start ([`Devices::read_held`]).
+    fn beat_withheld(&self) -> bool {
+        !self.read_held || self.unheld_safety().next().is_some()
     }
 
     /// The safety settings read back not held and not read back held
@@ -637,6 +738,8 @@ impl<P> Devices<P> {
 }
 
 #[cfg(test)]
+mod after_a_start;
+#[cfg(test)]
 mod fallback;
 #[cfg(test)]
 mod held_reason;
@@ -719,7 +822,7 @@ mod tests {
         let cdu = Scripted(InPart {
             gaps: vec![refused],
         });
-        let mut d = Devices::new(cdu, None);
+        let mut d = Devices::new(cdu, None).seen_held();
         let mut stats = ShellStats::default();
         let r = run(d.read_cdu(&mut stats)).expect("the readings that answered");
         assert_eq!(r.leaks, Some(0b100));
@@ -754,7 +857,7 @@ mod tests {
 
     #[test]
     fn a_setting_the_cdu_does_not_hold_after_its_echo_is_not_taken() {
-        let mut d = Devices::new(Scripted(Clamps), None);
+        let mut d = Devices::new(Scripted(Clamps), None).seen_held();
         let mut stats = ShellStats::default();
         let o = run(d.write(&every_setting(), &mut stats));
         assert_eq!(failed_with(&o, "reads back value 40"), [Setting::Setpoint]);
@@ -783,7 +886,7 @@ mod tests {
 
     #[test]
     fn a_read_back_that_fails_leaves_the_settings_taken_and_is_a_read_error() {
-        let mut d = Devices::new(Scripted(NoReadBack), None);
+        let mut d = Devices::new(Scripted(NoReadBack), None).seen_held();
         let mut stats = ShellStats::default();
         for step in 1..=3 {
             let o = run(d.write(&every_setting(), &mut stats));
@@ -810,7 +913,7 @@ mod tests {
 
     #[test]
     fn a_safety_setting_not_held_holds_the_next_heartbeat_back() {
-        let mut d = Devices::new(Scripted(ValvesNotHeld), None);
+        let mut d = Devices::new(Scripted(ValvesNotHeld), None).seen_held();
         let mut stats = ShellStats::default();
         let first = run(d.write(&every_setting(), &mut stats));
         assert!(
@@ -864,7 +967,7 @@ mod tests {
         // Its first read-back finds the valves not held; it refuses the
         // later ones with exception 1 (no function 3 there).
         let cdu = InTurn::valves(&[Some(true), None, None, None], 1);
-        let mut d = Devices::new(cdu, None);
+        let mut d = Devices::new(cdu, None).seen_held();
         let mut stats = ShellStats::default();
         let steps: Vec<(bool, bool)> = (0..4)
             .map(|_| {
@@ -888,7 +991,7 @@ mod tests {
     #[test]
     fn a_read_back_that_fails_keeps_the_heartbeat_held_back_until_one_reads_it_held() {
         let answers = [Some(true), None, Some(true), None, Some(false), None];
-        let mut d = Devices::new(InTurn::valves(&answers, 6), None);
+        let mut d = Devices::new(InTurn::valves(&answers, 6), None).seen_held();
         let mut stats = ShellStats::default();
         let beats: Vec<bool> = (0..answers.len())
             .map(|_| beat(&run(d.write(&every_setting(), &mut stats))))
@@ -906,7 +1009,7 @@ mod tests {
     #[test]
     fn a_heartbeat_held_back_is_said_and_keeps_the_writes_not_all_taken() {
         let answers = [Some(true), Some(true), Some(false), Some(false)];
-        let mut d = Devices::new(InTurn::valves(&answers, 6), None);
+        let mut d = Devices::new(InTurn::valves(&answers, 6), None).seen_held();
         let mut stats = ShellStats::default();
         let mut all = Vec::new();
         let mut held = Vec::new();
@@ -923,7 +1026,8 @@ mod tests {
         assert_eq!(all, [false, false, false, true]);
         let said = held[1].as_deref().unwrap_or_default();
         assert!(
-            said.starts_with("valves_open: ") && said.contains("reads back value 0"),
+            said.starts_with("the CDU does not hold a safety setting it echoed (valves_open: ")
+                && said.contains("reads back value 0"),
             "{said}"
         );
         assert_eq!(held[2], held[1]);
@@ -943,7 +1047,7 @@ mod tests {
                 code,
                 not_held: |written| Clamps.read_back(written),
             };
-            let mut d = Devices::new(Scripted(cdu), None);
+            let mut d = Devices::new(Scripted(cdu), None).seen_held();
             let mut stats = ShellStats::default();
             (0..answers.len())
                 .map(|_| {
@@ -996,7 +1100,7 @@ mod tests {
             mapped: [true, false],
             shown: [None, None],
         });
-        let mut d = Devices::new(cdu, None);
+        let mut d = Devices::new(cdu, None).seen_held();
         assert_eq!(d.pump_fault(0), Err(super::super::NOT_READ));
         let mut stats = ShellStats::default();
         assert!(run(d.read_cdu(&mut stats)).is_some());
@@ -1076,7 +1180,7 @@ mod tests {
     }
 
     fn the_rest_are_not_tried_after(cdu: Scripted<Silent>) {
-        let mut d = Devices::new(cdu, None);
+        let mut d = Devices::new(cdu, None).seen_held();
         let mut stats = ShellStats::default();
         let o = run(d.write(&every_setting(), &mut stats));
         assert_eq!(
@@ -1136,7 +1240,7 @@ mod tests {
                  value 50 °C (raw 0x1388)"
                 .into(),
         });
-        let mut d = Devices::new(cdu, None);
+        let mut d = Devices::new(cdu, None).seen_held();
         let mut stats = ShellStats::default();
         let o = run(d.write(&every_setting(), &mut stats));
         assert_eq!(failed_with(&o, "write"), [Setting::Setpoint]);
@@ -1162,6 +1266,8 @@ mod tests {
             write_error: Failing::default(),
             read_back_error: Failing::default(),
             safety_not_held: Failing::default(),
+            read_held: false,
+            unproven: Failing::default(),
             not_taken: Vec::new(),
             board_errors: BoardErrors::default(),
             last_read: None,

@@ -317,8 +317,12 @@ pub struct ShellStats {
     /// The last step's heartbeat was held back (not written) because a
     /// read-back found a safety setting (valves, pumps to run, lead pump)
     /// that the CDU echoed but does not hold, and none had read it held
-    /// since: which, and why (`None`: that step's heartbeat was not held
-    /// back so). Set after each step's writes, for that step; the CDU
+    /// since (`the CDU does not hold a safety setting it echoed (which:
+    /// why)`), or because none has read them held since the start (`the
+    /// safety settings not read back held since the start (read back
+    /// first)`), followed by `; not read back since: …` when the step's
+    /// read-back failed (`None`: that step's heartbeat was not held
+    /// back). Set after each step's writes, for that step; the CDU
     /// falls back to its own control after its heartbeat timeout while
     /// it is held back.
     pub heartbeat_held: Option<String>,

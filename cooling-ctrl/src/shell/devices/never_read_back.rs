@@ -99,7 +99,10 @@ fn a_cdu_that_serves_no_read_back_has_its_echoes_taken_after_a_refusal() {
         not_served: true,
         ..NeverReadBack::default()
     });
-    let (mut decider, mut d) = started(cdu);
+    // A controller past its first read-back: the heartbeat goes out
+    // with the writes that go in.
+    let (mut decider, d) = started(cdu);
+    let mut d = d.seen_held();
     let all: Vec<bool> = (0..3)
         .map(|s| step(&mut decider, &mut d, s, &measured(true, 0)).1)
         .map(|o| o.taken().all)
