@@ -412,6 +412,7 @@ impl Agent {
     /// none to hand over (said; such a GPU holds the mark until it says
     /// it).
     pub(super) async fn keep_health(&mut self, gpu: u8) -> bool {
+        self.stale_ended_if_released(gpu);
         let health = self.node.gpu_health(gpu);
         let bytes = match postcard::to_allocvec(&health) {
             Ok(bytes) => bytes,

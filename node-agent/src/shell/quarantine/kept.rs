@@ -19,7 +19,10 @@
 //! agent cannot see the scheduler undo it: the stale index is kept under
 //! the GPU's identity and said at every start while the GPU stays
 //! quarantined ([`stale_tags`]), until an operator releases it or the
-//! GPU at that index is quarantined itself (the tag its own).
+//! GPU at that index is quarantined itself (the tag its own). The record
+//! keeps the stamp of the quarantine it belongs to: a release in a run
+//! ends it then ([`Agent::stale_ended_if_released`]), and a start that
+//! finds the GPU quarantined anew (another stamp) drops it.
 //!
 //! Glossary:
 //! - *known done*: every action of the GPU's quarantine in force ended
@@ -28,7 +31,8 @@
 //!   no index, counts whatever the index).
 //! - *stale index*: an index a GPU's quarantine actions ran under before
 //!   the GPUs were numbered otherwise, what they left there (a drain
-//!   tagged `gpu{was}`) maybe still standing.
+//!   tagged `gpu{was}`) maybe still standing; kept with the stamp of
+//!   the quarantine whose actions ran there ([`Stale`]).
 
 use loopwarden_flash::ConfigStore;
 use loopwarden_protocol::HealthState;
@@ -109,9 +113,68 @@ pub(in crate::shell) async fn not_done(
 
 /// The key of the record of the indexes a GPU's quarantine actions ran
 /// under before the GPUs were numbered otherwise, what they left there
-/// stale (one byte each), under its identity `id`.
+/// stale, under its identity `id` ([`stale_payload`]).
 fn stale_key(id: u64) -> String {
     format!("stale_index.{id:016x}")
+}
+
+/// The mark a stale-index record's payload starts with when it holds the
+/// stamp of the quarantine whose actions ran under the indexes; an
+/// earlier version's holds the indexes alone (each below
+/// [`MAX_GPUS`](loopwarden_protocol::ids::MAX_GPUS)).
+const STAMPED: u8 = 0xff;
+
+/// A GPU's stale indexes, as kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Stale {
+    /// The stamp of the quarantine whose actions ran under them (wall
+    /// ms); `None`: kept by an earlier version without it.
+    since: Option<u64>,
+    /// The indexes, in order.
+    was: Vec<u8>,
+}
+
+/// The payload of a stale-index record: [`STAMPED`] and the stamp (8
+/// bytes little-endian), then one byte per index; without a stamp, the
+/// indexes alone, as an earlier version kept them.
+fn stale_payload(stale: &Stale) -> Vec<u8> {
+    let mut p = Vec::with_capacity(9 + stale.was.len());
+    if let Some(since) = stale.since {
+        p.push(STAMPED);
+        p.extend_from_slice(&since.to_le_bytes());
+    }
+    p.extend_from_slice(&stale.was);
+    p
+}
+
+/// The [`Stale`] of a [`stale_payload`] (empty: none, a record ended in
+/// a run); an error says what is wrong with it.
+fn read_stale(payload: &[u8]) -> Result<Stale, String> {
+    let (since, was) = match payload.split_first() {
+        Some((&STAMPED, rest)) => {
+            let stamp = rest.get(..8).ok_or("its stamp is cut short")?;
+            let stamp = u64::from_le_bytes(stamp.try_into().map_err(|_| "bad stamp")?);
+            (Some(stamp), &rest[8..])
+        }
+        _ => (None, payload),
+    };
+    let max = loopwarden_protocol::ids::MAX_GPUS;
+    if let Some(bad) = was.iter().find(|&&w| w as usize >= max) {
+        return Err(format!("index {bad} is not a GPU index (below {max})"));
+    }
+    Ok(Stale {
+        since,
+        was: was.to_vec(),
+    })
+}
+
+/// Whether the GPU of status `st` is released: its kept state read (one
+/// unreadable may be quarantined still), not quarantined.
+fn released(st: Option<&node_core::health::GpuStatus>) -> bool {
+    st.is_some_and(|st| {
+        st.state != HealthState::Quarantined
+            && st.reason != loopwarden_protocol::ReasonCode::KEPT_STATE_UNREADABLE
+    })
 }
 
 /// At the start: each GPU's stale indexes (its quarantine actions ran
@@ -120,20 +183,17 @@ fn stale_key(id: u64) -> String {
 /// this start (`renumbered`, said then) kept with those kept before, and
 /// said at every start while the GPU stays quarantined: the agent cannot
 /// see the scheduler undo them. An index whose GPU is quarantined now
-/// holds its own tag, and a GPU released by an operator (not quarantined,
-/// its kept state read: one unreadable may be quarantined still) ends
-/// its record: neither is said again. Returns what is said, by GPU.
+/// holds its own tag; a GPU released by an operator ([`released`]), or
+/// quarantined anew since (a stamp other than the record's: released in
+/// a run), ends its record: neither is said again. A record without a
+/// stamp (an earlier version's) is taken as the quarantine in force's.
+/// Returns what is said, by GPU.
 pub(in crate::shell) async fn stale_tags(
     store: &mut ConfigStore<Flash>,
     health: &node_core::health::HealthEngine,
     uuids: &[&str],
     renumbered: &[(u8, u8)],
 ) -> Vec<(u8, Vec<u8>)> {
-    let quarantined = |g: u8| {
-        health
-            .status(g)
-            .is_some_and(|st| st.state == HealthState::Quarantined)
-    };
     let mut said = Vec::new();
     for gpu in 0..health.len() as u8 {
         let Some(id) = uuids
@@ -142,53 +202,108 @@ pub(in crate::shell) async fn stale_tags(
         else {
             continue;
         };
-        let key = stale_key(id);
-        let kept = match super::get(store, &key)
-            .await
-            .and_then(|v| super::payload_of(&key, v, id))
-        {
-            Ok(kept) => kept,
-            Err(e) => {
-                tracing::error!("GPU {gpu}: the indexes its quarantine actions ran under before a renumbering are unreadable ({e}): check by hand that no drain of another index is left for it");
-                continue;
-            }
-        };
-        let mut stale = kept.clone().unwrap_or_default();
-        stale.extend(renumbered.iter().filter(|r| r.0 == gpu).map(|r| r.1));
-        stale.sort_unstable();
-        stale.dedup();
-        stale.retain(|&was| !quarantined(was));
-        // Released (its kept state read, not quarantined): resolved. One
-        // whose kept state was unreadable may be quarantined still.
-        let released = health.status(gpu).is_some_and(|st| {
-            st.state != HealthState::Quarantined
-                && st.reason != loopwarden_protocol::ReasonCode::KEPT_STATE_UNREADABLE
-        });
-        if released {
-            stale.clear();
-        }
-        if kept.as_deref().unwrap_or_default() != stale.as_slice() {
-            let written = match stale.is_empty() {
-                true => store.remove(&key).await,
-                false => store.set(&key, &super::tagged(id, &stale)).await,
-            };
-            if let Err(e) = written {
-                tracing::error!("GPU {gpu}: {key} not kept ({e:?}): the stale indexes {stale:?} may not be said at the next start");
-            }
-        }
-        let before: Vec<u8> = (stale.iter().copied())
-            .filter(|was| !renumbered.contains(&(gpu, *was)))
-            .collect();
-        for was in &before {
-            tracing::error!(
-                "GPU {gpu}: its quarantine actions ran as GPU {was} before the GPUs were numbered otherwise (found at an earlier start): what they left under index {was} may still stand (a drain tagged gpu{was}): undo it by hand if not yet (with the shipped actions: loopwarden-slurm resume NODE gpu{was}); said at every start until GPU {gpu} is released"
-            );
-        }
+        let stale = stale_of(store, health, (gpu, id), renumbered).await;
         if !stale.is_empty() {
             said.push((gpu, stale));
         }
     }
     said
+}
+
+/// [`stale_tags`] of the GPU `gpu` of identity `id`: its record read,
+/// brought up to date and kept, its indexes found before said.
+async fn stale_of(
+    store: &mut ConfigStore<Flash>,
+    health: &node_core::health::HealthEngine,
+    (gpu, id): (u8, u64),
+    renumbered: &[(u8, u8)],
+) -> Vec<u8> {
+    let key = stale_key(id);
+    let kept = match super::get(store, &key)
+        .await
+        .and_then(|v| super::payload_of(&key, v, id))
+        .and_then(|p| {
+            p.map(|p| read_stale(&p).map_err(|e| format!("{key}: {e}")))
+                .transpose()
+        }) {
+        Ok(kept) => kept,
+        Err(e) => {
+            tracing::error!("GPU {gpu}: the indexes its quarantine actions ran under before a renumbering are unreadable ({e}): check by hand that no drain of another index is left for it");
+            return Vec::new();
+        }
+    };
+    let quarantined = |g: u8| {
+        health
+            .status(g)
+            .is_some_and(|st| st.state == HealthState::Quarantined)
+    };
+    let since = (health.status(gpu))
+        .filter(|st| st.state == HealthState::Quarantined)
+        .map(|st| st.since.0);
+    let mut stale = kept.clone().unwrap_or_default();
+    if let (Some(was_for), Some(now)) = (stale.since, since) {
+        if was_for != now && !stale.was.is_empty() {
+            tracing::warn!("GPU {gpu}: the stale indexes {:?} kept for its quarantine of {was_for} (wall ms) are dropped: it was released since and is quarantined anew (since {now})", stale.was);
+            stale.was.clear();
+        }
+    }
+    stale.since = since.or(stale.since);
+    stale
+        .was
+        .extend(renumbered.iter().filter(|r| r.0 == gpu).map(|r| r.1));
+    stale.was.sort_unstable();
+    stale.was.dedup();
+    stale.was.retain(|&was| !quarantined(was));
+    if released(health.status(gpu)) {
+        stale.was.clear();
+    }
+    keep_stale(store, gpu, id, kept.as_ref(), &stale).await;
+    let before = (stale.was.iter().copied()).filter(|was| !renumbered.contains(&(gpu, *was)));
+    for was in before {
+        tracing::error!(
+            "GPU {gpu}: its quarantine actions ran as GPU {was} before the GPUs were numbered otherwise (found at an earlier start): what they left under index {was} may still stand (a drain tagged gpu{was}): undo it by hand if not yet (with the shipped actions: loopwarden-slurm resume NODE gpu{was}); said at every start until GPU {gpu} is released"
+        );
+    }
+    stale.was
+}
+
+/// Keeps `stale` as the record of the GPU `gpu` of identity `id` where it
+/// differs from the one `kept` (none: the record removed); a write that
+/// fails is said.
+async fn keep_stale(
+    store: &mut ConfigStore<Flash>,
+    gpu: u8,
+    id: u64,
+    kept: Option<&Stale>,
+    stale: &Stale,
+) {
+    let key = stale_key(id);
+    let written = match (kept, stale.was.is_empty()) {
+        (None, true) => return,
+        (Some(kept), false) if kept == stale => return,
+        (_, true) => store.remove(&key).await,
+        (_, false) => (store.set(&key, &super::tagged(id, &stale_payload(stale)))).await,
+    };
+    if let Err(e) = written {
+        tracing::error!(
+            "GPU {gpu}: {key} not kept ({e:?}): the stale indexes {:?} may not be said at the next start",
+            stale.was
+        );
+    }
+}
+
+/// `gpu`'s stale indexes found at the start, taken out of `stale` once
+/// `gpu` is released ([`released`]); `None`: not released, or none.
+fn take_released(
+    stale: &mut Vec<(u8, Vec<u8>)>,
+    health: &node_core::health::HealthEngine,
+    gpu: u8,
+) -> Option<Vec<u8>> {
+    if !released(health.status(gpu)) {
+        return None;
+    }
+    let at = stale.iter().position(|(g, _)| *g == gpu)?;
+    Some(stale.remove(at).1)
 }
 
 /// Says that `gpu`'s quarantine actions ran last as GPU `was`: what they
@@ -240,9 +355,26 @@ impl Agent {
         }
     }
 
+    /// After `gpu`'s health changed in this run: a GPU released
+    /// ([`released`]) ends its stale indexes found at the start: said no
+    /// more, here or in `ctl status`, and its record kept empty (the
+    /// recorder writes, never removes; the next start removes it), so a
+    /// quarantine anew in this run does not bring them back.
+    pub(in crate::shell) fn stale_ended_if_released(&mut self, gpu: u8) {
+        let Some(was) = take_released(&mut self.stale_indexes, self.node.health(), gpu) else {
+            return;
+        };
+        tracing::info!("GPU {gpu}: released: its stale indexes {was:?} are said no more (what its quarantine actions left under them, a drain tagged gpu<index>, is for an operator to undo)");
+        let uuid = self.gpus.get(gpu as usize).map(|g| g.info.uuid.as_str());
+        if let Some(id) = uuid.and_then(crate::shell::identity) {
+            self.recorder.set(stale_key(id), super::tagged(id, &[]));
+        }
+    }
+
     /// The stale indexes found at the start ([`stale_tags`]) of the GPUs
-    /// still quarantined now (one released in this run is shown no more:
-    /// its record goes at the next start), as `ctl status` shows them.
+    /// still quarantined now (one released in this run is ended,
+    /// [`stale_ended_if_released`](Self::stale_ended_if_released)), as
+    /// `ctl status` shows them.
     pub(in crate::shell) fn stale_indexes_now(&self) -> Vec<(u8, Vec<u8>)> {
         let quarantined = |g: u8| {
             (self.node.health().status(g)).is_some_and(|st| st.state == HealthState::Quarantined)
@@ -349,5 +481,89 @@ mod tests {
         assert_eq!(run(&mut store, &health(&[1])), vec![1]);
         assert_eq!(said(&mut store, &health(&[])), vec![]);
         assert_eq!(said(&mut store, &health(&[1])), vec![]);
+    }
+
+    /// GPU 1 quarantined since `since`.
+    fn quarantined_since(since: u64) -> HealthEngine {
+        let mut h = health(&[]);
+        let st = GpuStatus {
+            state: HealthState::Quarantined,
+            reason: ReasonCode(79),
+            since: TimestampMs(since),
+            evidence: "XID 79".into(),
+        };
+        h.restore(1, st);
+        h
+    }
+
+    /// A's stale index 2, kept for its quarantine of [`SINCE`], is not said
+    /// for a later quarantine (released in a run, quarantined again: no
+    /// start saw the release), and the record goes.
+    #[test]
+    fn a_stale_index_is_dropped_once_the_gpu_is_quarantined_anew() {
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        let uuids = [X, A, B];
+        let mut said = |h: &HealthEngine, renumbered: &[(u8, u8)]| {
+            futures::executor::block_on(stale_tags(&mut store, h, &uuids, renumbered))
+        };
+        assert_eq!(said(&health(&[1]), &[(1, 2)]), vec![(1, vec![2])]);
+        assert_eq!(said(&quarantined_since(SINCE), &[]), vec![(1, vec![2])]);
+        assert_eq!(said(&quarantined_since(SINCE + 1), &[]), vec![]);
+        assert_eq!(said(&quarantined_since(SINCE), &[]), vec![], "gone");
+    }
+
+    /// Released in a run, GPU 1's stale indexes found at the start are
+    /// taken out (said no more, its record ended); quarantined still, or
+    /// its kept state unreadable (maybe quarantined), they stay.
+    #[test]
+    fn a_release_in_a_run_ends_the_stale_indexes() {
+        let mut stale = vec![(1, vec![2])];
+        assert_eq!(take_released(&mut stale, &health(&[1]), 1), None);
+        let mut unreadable = health(&[]);
+        let st = GpuStatus {
+            state: HealthState::Degraded,
+            reason: ReasonCode::KEPT_STATE_UNREADABLE,
+            since: TimestampMs(SINCE),
+            evidence: "kept state unreadable".into(),
+        };
+        unreadable.restore(1, st);
+        assert_eq!(take_released(&mut stale, &unreadable, 1), None);
+        assert_eq!(take_released(&mut stale, &health(&[]), 0), None);
+        assert_eq!(stale, vec![(1, vec![2])]);
+        assert_eq!(take_released(&mut stale, &health(&[]), 1), Some(vec![2]));
+        assert_eq!(stale, vec![]);
+    }
+
+    /// The longest record fits the store and reads back; one naming no
+    /// GPU index, or its stamp cut short, is refused, said.
+    #[test]
+    fn stale_records_fit_the_store_and_read_back() {
+        let stale = Stale {
+            since: Some(u64::MAX),
+            was: (0..loopwarden_protocol::ids::MAX_GPUS as u8).collect(),
+        };
+        let value = super::super::tagged(u64::MAX, &stale_payload(&stale));
+        assert!(value.len() <= loopwarden_flash::config::MAX_VALUE);
+        assert_eq!(read_stale(&stale_payload(&stale)), Ok(stale));
+        let e = read_stale(&[16]).unwrap_err();
+        assert!(e.contains("index 16"), "{e}");
+        let e = read_stale(&[STAMPED, 1, 2]).unwrap_err();
+        assert!(e.contains("stamp"), "{e}");
+    }
+
+    /// A record an earlier version kept (the indexes alone, no stamp) is
+    /// read as the quarantine in force's: kept and said, as before.
+    #[test]
+    fn a_stale_index_kept_without_its_stamp_is_said_as_before() {
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        let id = crate::shell::identity(A).unwrap();
+        let value = super::super::tagged(id, &[2]);
+        futures::executor::block_on(store.set(&stale_key(id), &value)).unwrap();
+        let uuids = [X, A, B];
+        let mut said =
+            |h: &HealthEngine| futures::executor::block_on(stale_tags(&mut store, h, &uuids, &[]));
+        assert_eq!(said(&quarantined_since(SINCE + 1)), vec![(1, vec![2])]);
+        assert_eq!(said(&quarantined_since(SINCE + 1)), vec![(1, vec![2])]);
+        assert_eq!(said(&quarantined_since(SINCE + 2)), vec![]);
     }
 }
