@@ -194,6 +194,8 @@ pub struct CapEpisode {
     pub end_wall_s: Option<f64>,
     /// Most hosts capped at once in it.
     pub hosts_capped: usize,
+    /// The hosts capped in it, in the order first capped.
+    pub hosts: Vec<String>,
     /// From its start until the commands capped every host of the run.
     pub all_capped_after_s: Option<f64>,
     /// From its start until acks with a cap in force had come from every

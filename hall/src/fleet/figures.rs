@@ -208,7 +208,8 @@ fn quarantine_figures(
 
 /// The caps figures of the controllers' cap watchers, by CDU: the hosts
 /// any command capped, those of them that acknowledged a cap in force
-/// (and by name those that never did), the ack latencies; `lost`, the
+/// (and by name those that never did), the ack latencies (one per host
+/// capped in an episode, those never acked in it as the slowest); `lost`, the
 /// CDUs whose watcher did not end, whose hosts are in none of them.
 /// `shortfall_hosts`: the hosts of the CDUs in shortfall, those of them
 /// never capped named.
@@ -221,6 +222,8 @@ fn cap_figures(
     let mut lat = Vec::new();
     let mut capped = BTreeSet::new();
     let mut acked = BTreeSet::new();
+    // Caps never acknowledged in their episode, one per (episode, host).
+    let mut missing = 0;
     for (_, c) in controllers {
         capped.extend(c.hosts_ever_capped.iter().cloned());
         for e in &c.episodes {
@@ -228,6 +231,11 @@ fn cap_figures(
                 lat.push(*s);
                 acked.insert(h.clone());
             }
+            missing += e
+                .hosts
+                .iter()
+                .filter(|h| !e.host_ack_s.iter().any(|(a, _)| a == *h))
+                .count();
         }
     }
     r.shortfall_hosts = shortfall_hosts.len();
@@ -250,9 +258,9 @@ fn cap_figures(
         .iter()
         .map(|(_, c)| c.last.as_ref().map_or(0, |l| l.steps))
         .collect();
-    // A capped host that never acknowledged is in the percentiles, as the
-    // slowest.
-    let missing = r.hosts_caps_never_acked.len();
+    // One sample per host capped in an episode: a cap its host never
+    // acknowledged in that episode is in the percentiles, as the slowest
+    // (a host that acked an earlier cap is no answer for a later one).
     r.caps_acked_p50_ms = percentile_censored_ms(&lat, missing, 50.0);
     r.caps_acked_p99_ms = percentile_censored_ms(&lat, missing, 99.0);
     r.caps_acked_max_ms = percentile_censored_ms(&lat, missing, 100.0);
@@ -313,8 +321,8 @@ mod tests {
         ids.iter().map(|s| s.to_string()).collect()
     }
 
-    /// Hosts a and b capped; b lifted and c capped in a second episode;
-    /// a and c acknowledge, b never does.
+    /// Hosts a and b capped; c capped in a second episode; a and c
+    /// acknowledge, b never does.
     fn two_episodes() -> CapFigures {
         CapFigures {
             peak_hosts_capped: 2,
@@ -322,11 +330,13 @@ mod tests {
             episodes: vec![
                 CapEpisode {
                     hosts_capped: 2,
+                    hosts: vec!["a".into(), "b".into()],
                     host_ack_s: vec![("a".into(), 0.4)],
                     ..Default::default()
                 },
                 CapEpisode {
-                    hosts_capped: 2,
+                    hosts_capped: 1,
+                    hosts: vec!["c".into()],
                     host_ack_s: vec![("c".into(), 0.6)],
                     ..Default::default()
                 },
@@ -349,6 +359,9 @@ mod tests {
         // b acknowledges too: every capped host, not more.
         let mut all = two_episodes();
         all.episodes[0].host_ack_s.push(("b".into(), 0.5));
+        let mut r = FleetReport::default();
+        cap_figures(&[("cdu0".into(), all.clone())], &[], &[], &mut r);
+        assert_eq!(r.caps_acked_max_ms, Some(600.0));
         let mut r = FleetReport::default();
         cap_figures(&[("cdu0".into(), all)], &[], &[], &mut r);
         assert_eq!((r.hosts_caps_acked, r.hosts_capped), (3, 3));
@@ -383,6 +396,30 @@ mod tests {
         assert_eq!(r.quarantine_p50_ms, Some(40.0));
         assert_eq!((r.quarantine_p99_ms, r.quarantine_max_ms), (None, None));
         assert!(r.summary().contains("1 not measured"), "{}", r.summary());
+    }
+
+    #[test]
+    fn a_host_capped_again_and_silent_in_a_later_episode_leaves_no_met_p99() {
+        // a and b capped and acked in the first episode; both capped again
+        // in the second, where only a acks: b's second cap is unmeasured.
+        let episode = |acks: &[(&str, f64)]| CapEpisode {
+            hosts_capped: 2,
+            hosts: vec!["a".into(), "b".into()],
+            host_ack_s: acks.iter().map(|(h, s)| (h.to_string(), *s)).collect(),
+            ..Default::default()
+        };
+        let caps = CapFigures {
+            peak_hosts_capped: 2,
+            hosts_ever_capped: set(&["a", "b"]),
+            episodes: vec![episode(&[("a", 0.4), ("b", 0.5)]), episode(&[("a", 0.3)])],
+            ..Default::default()
+        };
+        let mut r = FleetReport::default();
+        cap_figures(&[("cdu0".into(), caps)], &[], &[], &mut r);
+        assert_eq!((r.hosts_caps_acked, r.hosts_capped), (2, 2));
+        assert_eq!(r.caps_acked_p50_ms, Some(400.0));
+        assert_eq!(r.caps_acked_p99_ms, None, "b's second cap never acked");
+        assert_eq!(r.caps_acked_max_ms, None);
     }
 
     #[test]

@@ -214,6 +214,7 @@ pub(crate) async fn watch_caps(
                 let ack_capped = ack.is_some_and(|c| capped_ack(c));
                 if in_cmds[h] && capped_at[h].is_none() {
                     capped_at[h] = Some((now, ack_capped));
+                    e.hosts.push(id.clone());
                 }
                 let Some((at, stale)) = capped_at[h] else {
                     continue;
