@@ -383,8 +383,9 @@ fn bursts(ms: u64, o: &mut Observation) {
 /// through a read interval, are detected after at most 405 s at the
 /// default 1 s period (measured: 405.0 s, the burst 30 s after a read),
 /// 411 s at 9 s periods (at 3, 5 and 15 s periods 405 s). Read every
-/// sample at 45 s periods, no phase is ever detected (measured over
-/// 24 hours, phases 10 ms apart): docs/health.md section 5 says both.
+/// sample at 45 s periods they went undetected (measured, not kept as a
+/// test: a miss of a rate above the limit is a figure docs/health.md
+/// section 5 gives, not a behaviour to hold).
 #[test]
 fn pcie_replays_in_bursts_read_every_45_s_are_detected_within_the_documented_figure() {
     let reason = ReasonCode::PCIE_REPLAY_RATE;
@@ -403,13 +404,5 @@ fn pcie_replays_in_bursts_read_every_45_s_are_detected_within_the_documented_fig
                 "period {period} ms, first burst {onset} ms: {found:?}, documented {worst} ms"
             );
         }
-    }
-    for onset in (0..45_000).step_by(1_000) {
-        let slow = SlowCounters::new(1, 30_000);
-        let found = detected(45_000, slow, onset, 120 * MINUTE_MS, reason, bursts);
-        assert_eq!(
-            found, None,
-            "read every sample at 45 s periods, first burst {onset} ms: detected; docs/health.md says never"
-        );
     }
 }
