@@ -104,7 +104,8 @@ pub struct Heard {
     pub senders: HashMap<String, SeqTrack>,
     /// When each (host, GPU) was first heard quarantined.
     pub quarantined: HashMap<(String, u8), Instant>,
-    /// When the last message came.
+    /// When the last message came (resend requests, the observer's own
+    /// among them, are not counted).
     pub last_at: Option<Instant>,
     /// Connection errors seen.
     pub connection_errors: u64,
@@ -125,14 +126,18 @@ pub struct Heard {
 
 impl Heard {
     fn message(&mut self, topic: &str, payload: &[u8], now: Instant) {
-        self.last_at = Some(now);
         let Ok(t) = Topic::parse(topic) else {
+            self.last_at = Some(now);
             self.undecodable += 1;
             return;
         };
         if t.family == Family::Resend {
-            return; // the observer's own requests, or another reader's
+            // The observer's own requests (asked again every 10 s), or
+            // another reader's: no message of the run, so not `last_at`,
+            // which would keep the wait for the last messages going.
+            return;
         }
+        self.last_at = Some(now);
         let qos1 = t.family.qos() == Qos::AtLeastOnce;
         let family = format!("{}{:?}", if t.json { "json/" } else { "" }, t.family);
         if t.json {
@@ -468,6 +473,25 @@ mod tests {
         heard.message("dc/v2/lab/no/such/topic/at/all", b"x", now);
         assert_eq!((heard.received, heard.undecodable), (1, 2));
         assert_eq!(heard.by_family.values().sum::<u64>(), 1);
+    }
+
+    #[test]
+    fn a_resend_request_heard_back_is_no_sign_of_traffic() {
+        // The observer hears its own requests (it subscribes to the whole
+        // tree): they must not keep the wait for the last messages going.
+        let mut heard = Heard::default();
+        let site = loopwarden_protocol::Ident::new("lab").unwrap();
+        let node = loopwarden_protocol::Ident::new("h1").unwrap();
+        let topic = Topic::new(
+            &site,
+            loopwarden_protocol::Role::Host,
+            &node,
+            Family::Resend,
+        );
+        let name = topic.build().unwrap();
+        heard.message(&name, b"a request", Instant::now());
+        assert_eq!(heard.last_at, None);
+        assert_eq!((heard.received, heard.undecodable), (0, 0));
     }
 
     #[test]
