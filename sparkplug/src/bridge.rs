@@ -26,6 +26,9 @@
 //!   or 1.5 × the gap between its states) gives DDEATH, counted in
 //!   `bridge/devices_silent`; its next frame births it again, its pace
 //!   kept;
+//! - a host's GPU power or power limit past [`GPU_POWER_MAX_W`] is
+//!   published null (counted in `bridge/fields_refused`); the rest of
+//!   its sample is taken;
 //! - an NCMD the broker kept retained is refused (counted in
 //!   `bridge/commands_refused`): it would come again at every connection;
 //!   an empty one (the publish that clears it, handed over live) is
@@ -70,7 +73,7 @@ mod rebirth;
 
 use crate::device::{measured_at, View};
 use crate::payload::{self, DataType, Point, Value};
-use devices::{notice_refused, refusal, Device, Heard};
+use devices::{fields_past_any, notice_refused, refusal, Device, Heard};
 pub use devices::{CONTROLLER_SILENT_AFTER_MS, GPU_POWER_MAX_W, PACE_MAX_MS};
 use node::{point, Counters};
 
@@ -155,6 +158,15 @@ pub enum Notice {
         /// Its sender.
         sender: String,
         /// Why.
+        why: String,
+    },
+    /// A host's sample held GPU figures past any GPU's, published null
+    /// (counted in `bridge/fields_refused`); given when which they are
+    /// changes.
+    FieldsRefused {
+        /// The host.
+        device: String,
+        /// The fields and figures, and what was done.
         why: String,
     },
     /// A born device went unheard past its silence limit: DDEATH.
@@ -642,11 +654,12 @@ impl Bridge {
             // with what it measures after its next `online: true`.
             _ if device.alive == Some(false) => return Vec::new(),
             message => {
-                let heard = Heard::of(&message);
+                let (heard, bad) = (Heard::of(&message), fields_past_any(&message));
                 if !device.view.record(message, time) {
                     return Vec::new();
                 }
                 device.heard(at.mono, heard);
+                self.gpu_fields(&id, bad);
             }
         }
         self.device_update(now, &id)

@@ -2,7 +2,9 @@
 //! messages heard from it (its *view*) and the metrics they make.
 //!
 //! A host's metrics are its GPUs' temperatures, power, power limit (the
-//! cap in force; null for the agent's 0 W, a limit NVML could not read),
+//! cap in force; null for the agent's 0 W, a limit NVML could not read;
+//! a power or limit past any GPU's, [`GPU_POWER_MAX_W`], is null and left
+//! out of the host's power),
 //! utilisation and health; a CDU's are its loop's
 //! temperatures, setpoint, flow, pumps, meters, leak, racks without leak
 //! sensing, and mode; `leak` is null, not false, when no rack reads wet
@@ -243,6 +245,33 @@ fn host_metrics(
     out
 }
 
+/// The most power a GPU's sample may say it draws or is limited to, W:
+/// far past any GPU (the largest boards draw a few kW), so a figure above
+/// it is malformed: published null, and left out of the host's power.
+pub const GPU_POWER_MAX_W: u32 = 100_000;
+
+/// A power figure a GPU can have: not past [`GPU_POWER_MAX_W`].
+fn possible(w: u32) -> bool {
+    w <= GPU_POWER_MAX_W
+}
+
+/// The GPU figures of a host's sample past [`GPU_POWER_MAX_W`] (a power
+/// the agent could not read is not one): each GPU's index, the field and
+/// its figure, for the log.
+pub fn gpu_fields_past_any(t: &HostTelemetry) -> Vec<(u8, &'static str, u32)> {
+    let mut bad = Vec::new();
+    for g in &t.gpus {
+        let power = (!g.unsupported.contains(Unsupported::POWER)).then_some(g.power.0);
+        for (field, w) in [("power", power), ("power_limit", Some(g.power_limit.0))] {
+            match w {
+                Some(w) if !possible(w) => bad.push((g.gpu.get(), field, w)),
+                _ => {}
+            }
+        }
+    }
+    bad
+}
+
 /// The GPUs of a sample that answered in time: a GPU that did not
 /// repeats its last good values, which are not current.
 fn responsive(t: &HostTelemetry) -> impl Iterator<Item = &GpuTelemetry> {
@@ -256,7 +285,7 @@ fn responsive(t: &HostTelemetry) -> impl Iterator<Item = &GpuTelemetry> {
 /// when the sum does not fit its u32 metric.
 fn host_figures(t: &HostTelemetry) -> (Option<u32>, Option<u8>) {
     let power: Vec<u64> = responsive(t)
-        .filter(|g| !g.unsupported.contains(Unsupported::POWER))
+        .filter(|g| !g.unsupported.contains(Unsupported::POWER) && possible(g.power.0))
         .map(|g| u64::from(g.power.0))
         .collect();
     // Summed wide (at most 16 GPUs): a sum past the metric's u32 is
@@ -301,11 +330,13 @@ fn host_telemetry_points(
         p.add(name("temp_c"), DataType::UInt8, Some("°C"), temp);
         let mem = has(Unsupported::MEM_TEMP).map(|g| Value::UInt8(g.mem_temp.0));
         p.add(name("mem_temp_c"), DataType::UInt8, Some("°C"), mem);
-        let power = has(Unsupported::POWER).map(|g| Value::UInt32(g.power.0));
+        let power = has(Unsupported::POWER)
+            .filter(|g| possible(g.power.0))
+            .map(|g| Value::UInt32(g.power.0));
         p.add(name("power_w"), DataType::UInt32, Some("W"), power);
         // The agent sends 0 W when NVML answers neither limit call: unknown.
         let limit = live
-            .filter(|g| g.power_limit.0 > 0)
+            .filter(|g| g.power_limit.0 > 0 && possible(g.power_limit.0))
             .map(|g| Value::UInt32(g.power_limit.0));
         p.add(name("power_limit_w"), DataType::UInt32, Some("W"), limit);
         let util = has(Unsupported::UTIL).map(|g| Value::UInt8(g.util.get()));
@@ -705,7 +736,7 @@ mod tests {
     }
 
     #[test]
-    fn gpu_powers_that_overflow_u32_do_not_panic() {
+    fn a_gpu_power_past_any_gpus_is_null_and_left_out_of_the_host() {
         let mut view = sample_host();
         let View::Host {
             telemetry: Some(t), ..
@@ -716,15 +747,26 @@ mod tests {
         for g in t.message.gpus.iter_mut() {
             g.flags = g.flags.with(GpuFlags::RESPONSIVE, true);
             g.unsupported = Unsupported::empty();
-            g.power = Watts(1 << 31);
         }
-        let m = view.metrics(9);
-        // The sum does not fit the metric: unknown, not a wrong figure.
-        assert_eq!(value(&m, "power_w"), None);
+        let gpus = &mut t.message.gpus;
+        let others: u32 = gpus[1..].iter().map(|g| g.power.0).sum();
+        gpus[0].power = Watts(1 << 31);
+        gpus[0].power_limit = Watts(GPU_POWER_MAX_W + 1);
+        let bad = gpu_fields_past_any(&t.message);
         assert_eq!(
-            value(&m, "gpu/0/power_w"),
-            Some(Value::UInt32(1 << 31)),
-            "each GPU's own figure is what it said"
+            bad,
+            [
+                (0, "power", 1 << 31),
+                (0, "power_limit", GPU_POWER_MAX_W + 1)
+            ]
+        );
+        let m = view.metrics(9);
+        assert_eq!(value(&m, "gpu/0/power_w"), None, "malformed: unknown");
+        assert_eq!(value(&m, "gpu/0/power_limit_w"), None);
+        assert_eq!(value(&m, "power_w"), Some(Value::UInt32(others)));
+        assert!(
+            value(&m, "gpu/0/temp_c").is_some(),
+            "its other figures stand"
         );
     }
 

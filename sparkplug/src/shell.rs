@@ -355,6 +355,15 @@ fn log_notices(core: &mut Bridge, limit: &mut LogLimit, now: u64) {
                     Allow::Held => {}
                 }
             }
+            Notice::FieldsRefused { device, why } => {
+                match limit.allow(format!("fields {device}"), now) {
+                    Allow::Line(held_back) | Allow::Others(held_back) => warn!(
+                        %device, %why, held_back,
+                        "GPU figures past any GPU's published null (bridge/fields_refused)"
+                    ),
+                    Allow::Held => {}
+                }
+            }
             Notice::Silent { device, for_ms } => warn!(
                 %device,
                 silent_s = for_ms / 1000,

@@ -5,7 +5,7 @@
 use loopwarden_protocol::{Family, Frame, Ident, Message, ReasonCode, Role, Topic};
 
 use super::{Bridge, Notice, Now, Publish};
-use crate::device::View;
+use crate::device::{gpu_fields_past_any, View};
 use crate::payload::Point;
 
 /// One Loopwarden node as a Sparkplug device.
@@ -48,6 +48,9 @@ pub(super) struct Device {
     pub(super) controller_silent: bool,
     /// A node of another role used its id: said once.
     pub(super) id_shared_told: bool,
+    /// The GPU figures past any GPU's in its latest sample (GPU, field):
+    /// said when they change.
+    pub(super) fields_past_any: Vec<(u8, &'static str)>,
 }
 
 impl Device {
@@ -74,6 +77,7 @@ impl Device {
             state_candidate: None,
             controller_silent: false,
             id_shared_told: false,
+            fields_past_any: Vec::new(),
         }
     }
 
@@ -198,29 +202,13 @@ fn pace(
     }
 }
 
-/// The most power a GPU's sample may say it draws or is limited to, W:
-/// far past any GPU (the largest boards draw a few kW), so a figure above
-/// it is a malformed frame, and 16 GPUs of it still sum within a u32.
-pub const GPU_POWER_MAX_W: u32 = 100_000;
+pub use crate::device::GPU_POWER_MAX_W;
 
 /// Why a frame on `topic` is refused, if it is: sent by another node
-/// than the one whose topic it is, of the wrong kind for the topic, or a
-/// host's sample with a GPU power past [`GPU_POWER_MAX_W`].
+/// than the one whose topic it is, or of the wrong kind for the topic.
 pub(super) fn refusal(topic: &Topic, frame: &Frame) -> Option<String> {
     if frame.sender.role != topic.role || frame.sender.id != topic.node {
         return Some("sent by another node than the topic's".into());
-    }
-    if let Message::HostTelemetry(t) = &frame.message {
-        for g in &t.gpus {
-            for (field, w) in [("power", g.power.0), ("power_limit", g.power_limit.0)] {
-                if w > GPU_POWER_MAX_W {
-                    let i = g.gpu.get();
-                    return Some(format!(
-                        "gpu {i} {field} {w} W is past any GPU's ({GPU_POWER_MAX_W} W): malformed"
-                    ));
-                }
-            }
-        }
     }
     let fits = matches!(
         (topic.role, topic.family, &frame.message),
@@ -238,6 +226,15 @@ pub(super) fn refusal(topic: &Topic, frame: &Frame) -> Option<String> {
             topic.role.as_str()
         )
     })
+}
+
+/// The GPU figures of a host's sample past any GPU's: `None` for a
+/// message that is not a host's sample.
+pub(super) fn fields_past_any(message: &Message) -> Option<Vec<(u8, &'static str, u32)>> {
+    match message {
+        Message::HostTelemetry(t) => Some(gpu_fields_past_any(t)),
+        _ => None,
+    }
 }
 
 pub(super) fn notice_refused(topic: &Topic, frame: &Frame, why: String) -> Notice {
@@ -270,6 +267,35 @@ impl Bridge {
             }
         }
         say
+    }
+
+    /// A host's sample held GPU figures past any GPU's (`bad`; `None`:
+    /// not a sample), published null: each counted in
+    /// `bridge/fields_refused`, and said when which they are changes (a
+    /// host sends one a second).
+    pub(super) fn gpu_fields(&mut self, id: &Ident, bad: Option<Vec<(u8, &'static str, u32)>>) {
+        let (Some(bad), Some(d)) = (bad, self.devices.get_mut(id)) else {
+            return;
+        };
+        self.counters.fields_refused += bad.len() as u64;
+        let which: Vec<(u8, &'static str)> = bad.iter().map(|&(g, f, _)| (g, f)).collect();
+        if d.fields_past_any == which {
+            return;
+        }
+        d.fields_past_any = which;
+        if bad.is_empty() {
+            return;
+        }
+        let fields: Vec<String> = (bad.iter())
+            .map(|(g, f, w)| format!("gpu {g} {f} {w} W"))
+            .collect();
+        let why = format!(
+            "{} past any GPU's ({GPU_POWER_MAX_W} W): malformed, published null and left out of \
+             the host's power_w",
+            fields.join(", ")
+        );
+        let device = id.as_str().to_string();
+        self.notify(Notice::FieldsRefused { device, why });
     }
 
     /// Every device dead (DDEATH for those born), until heard again.

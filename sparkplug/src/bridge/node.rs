@@ -20,6 +20,8 @@ pub(super) fn point(name: &str, datatype: DataType, value: Value, time: u64) -> 
 pub(super) struct Counters {
     pub(super) frames_received: u64,
     pub(super) frames_refused: u64,
+    /// GPU figures past any GPU's, published null.
+    pub(super) fields_refused: u64,
     pub(super) commands_refused: u64,
     pub(super) rebirths_limited: u64,
     pub(super) publishes_dropped: u64,
@@ -65,6 +67,11 @@ impl Bridge {
                 "bridge/frames_refused",
                 DataType::UInt64,
                 Value::UInt64(c.frames_refused),
+            ),
+            point(
+                "bridge/fields_refused",
+                DataType::UInt64,
+                Value::UInt64(c.fields_refused),
             ),
             point(
                 "bridge/commands_refused",

@@ -510,31 +510,54 @@ fn frames_on_another_nodes_topic_or_of_a_foreign_kind_are_refused() {
     );
 }
 
+/// A sample of `id` whose GPU 0 draws `gpu0_w`, GPU 1 at `temp`.
+fn host_drawing(id: &str, gpu0_w: u32, temp: u8) -> Input {
+    let mut t = samples::host_telemetry(2);
+    t.gpus[0].power = loopwarden_protocol::Watts(gpu0_w);
+    t.gpus[1].temp = WholeCelsius(temp);
+    input(Role::Host, id, Message::HostTelemetry(t))
+}
+
 #[test]
-fn a_gpu_power_past_any_gpus_is_refused_and_does_not_stop_the_bridge() {
+fn a_gpu_power_past_any_gpus_is_null_and_its_host_lives_on() {
     let mut b = bridge();
     connected(&mut b);
-    b.step(T, host_telemetry("h06", 60));
-    let mut t = samples::host_telemetry(2);
-    for g in t.gpus.iter_mut() {
-        g.power = loopwarden_protocol::Watts(1 << 31);
-    }
-    let out = b.step(T, input(Role::Host, "h07", Message::HostTelemetry(t)));
-    assert!(out.is_empty(), "not born of a malformed frame");
+    let out = b.step(T, host_drawing("h07", 200_000, 60));
+    assert_eq!(kinds(&out), [(Kind::DBirth, Some("h07"))]);
+    let birth = body(&out[0]);
+    assert_eq!(metric(&birth, "gpu/0/power_w"), None, "malformed: null");
+    let gpu1 = metric(&birth, "gpu/1/power_w").expect("gpu 1 has its power");
+    assert_eq!(metric(&birth, "power_w"), Some(gpu1), "gpu 0 left out");
     let notices = b.take_notices();
-    let Some(Notice::FrameRefused { sender, why, .. }) = notices.first() else {
-        panic!("the refusal is noticed: {notices:?}")
+    let [Notice::FieldsRefused { device, why }] = &notices[..] else {
+        panic!("the bad field is noticed: {notices:?}")
     };
-    assert!(sender.contains("h07"), "{sender}");
-    assert!(why.contains("gpu 0 power"), "names the field: {why}");
-    // The bridge goes on: the other host's next sample is published.
-    let out = b.step(T + 1_000, host_telemetry("h06", 70));
-    assert_eq!(kinds(&out), [(Kind::DData, Some("h06"))]);
-    let out = b.step(T + 10_000, Input::Tick);
-    assert_eq!(
-        metric(&body(&out[0]), "bridge/frames_refused"),
-        Some(MetricValue::Long(1))
+    assert_eq!(device, "h07");
+    assert!(
+        why.contains("gpu 0 power 200000 W"),
+        "names the field: {why}"
     );
+    // Each second for 15 s the same: the host lives, its other GPUs'
+    // figures go out, and the bad field is said once, not every second.
+    let mut data = Vec::new();
+    for s in 1..=15u8 {
+        let now = T + u64::from(s) * 1_000;
+        let mut out = b.step(now, host_drawing("h07", 200_000, 60 + s));
+        out.extend(b.step(now, Input::Tick));
+        assert!(!kinds(&out).contains(&(Kind::DDeath, Some("h07"))), "{s} s");
+        data.extend(out.into_iter().filter(|p| p.kind == Kind::DData));
+    }
+    assert!(b.take_notices().is_empty(), "said once per change");
+    assert!(data
+        .iter()
+        .any(|p| metric(&body(p), "gpu/1/temp_c").is_some()));
+    let out = b.step(T + 20_000, Input::Tick);
+    let node = body(&out[0]);
+    assert_eq!(
+        metric(&node, "bridge/fields_refused"),
+        Some(MetricValue::Long(16))
+    );
+    assert_eq!(metric(&node, "bridge/frames_refused"), None, "none refused");
 }
 
 #[test]
