@@ -81,7 +81,8 @@ pub struct FleetConfig {
     /// The observer's broker (default: the last of `brokers`, or the
     /// embedded one).
     pub observer_broker: Option<BrokerAddr>,
-    /// GPUs to fail (default: one host in ten, at least two).
+    /// GPUs to fail (default: one host in ten, at least two, at most
+    /// `hosts`).
     pub xids: Option<usize>,
     /// CDUs whose pumps fail (default: the fewest that hold 128 hosts).
     pub shortfall_cdus: Option<usize>,
@@ -123,10 +124,17 @@ impl FleetConfig {
         }
     }
 
+    /// GPUs to fail: `xids`, or by default one host in ten, at least two
+    /// and at most one per host.
+    fn xids(&self) -> usize {
+        self.xids
+            .unwrap_or_else(|| (self.hosts / 10).max(2).min(self.hosts))
+    }
+
     /// The faults of the run on `layouts`.
     fn fault_plan(&self, layouts: &[CduLayout]) -> layout::FaultPlan {
         let d = self.duration_s;
-        let xids = self.xids.unwrap_or((self.hosts / 10).max(2));
+        let xids = self.xids();
         // From a twentieth of the run (at most 30 s) to 10 s before its end.
         let from = (d / 20).clamp(1, 30);
         let until = d.saturating_sub(10).max(from);
@@ -260,7 +268,8 @@ pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
 
 /// Refuses more faults than the fleet has room for: one GPU failed per
 /// host (`--xids` at most `--hosts`), `--shortfall-cdus` at most
-/// `--cdus`. The defaults always fit.
+/// `--cdus`. The defaults fit: `FleetConfig::xids` is at most
+/// `--hosts`, and the default shortfall CDUs are of those the fleet has.
 fn refuse_faults(cfg: &FleetConfig) -> Result<(), FleetError> {
     if let Some(x) = cfg.xids.filter(|&x| x > cfg.hosts) {
         return Err(FleetError::Refused(format!(
@@ -735,6 +744,17 @@ mod tests {
                 Err(FleetError::Refused(e)) => assert_eq!(e, want),
                 other => panic!("{want}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn the_default_xids_fit_the_fleet_and_fail_as_many_gpus_as_said() {
+        for (hosts, want) in [(1, 1), (2, 2), (5, 2), (40, 4)] {
+            let cfg = FleetConfig::new(hosts, 1, 60);
+            assert_eq!(cfg.xids(), want, "--hosts {hosts}");
+            assert!(refuse_faults(&cfg).is_ok(), "--hosts {hosts}");
+            let layouts = layout::plan(hosts, 1).unwrap();
+            assert_eq!(cfg.fault_plan(&layouts).injections.len(), want);
         }
     }
 

@@ -169,7 +169,7 @@ struct FleetArgs {
     #[arg(long, value_name = "HOST:PORT")]
     observer_broker: Option<String>,
     /// GPUs to fail (XID 79), one per host, at most --hosts [default: one
-    /// host in ten, at least 2].
+    /// host in ten, at least 2, at most --hosts].
     #[arg(long)]
     xids: Option<usize>,
     /// CDUs whose pumps fail, at most --cdus [default: the fewest that
