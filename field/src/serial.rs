@@ -159,12 +159,14 @@ pub trait SerialAgent: Send + Sync + 'static {
 
 /// The journal that writes each record to the agent's flash event log
 /// through its `recorder`, stamped with the time it is handed over, as
-/// what must not be lost: a storm of XIDs that fills the flash queue
-/// drops its own events, never a login or a command's record.
+/// an audit record: a storm of XIDs that fills the flash queue drops its
+/// own events first; records are dropped only past
+/// [`AUDIT_ROOM`](loopwarden_store::recorder::AUDIT_ROOM) more jobs,
+/// never into the room kept for critical events.
 pub fn flash_journal(
     recorder: loopwarden_store::recorder::Recorder,
 ) -> impl Fn(Record) + Send + Sync {
-    // Past VITAL_MAX the recorder says as an error what it dropped.
+    // Past AUDIT_ROOM the recorder counts and says what it dropped.
     move |r| {
         let kind = record::CONSOLE_RECORD;
         let _ = recorder.append_kept(loopwarden_bus::now_ms(), kind, r.encode());

@@ -31,11 +31,14 @@
 //! without waiting, as in a storm of XIDs) is dropped and counted
 //! ([`Recorder::dropped`]) once [`JOBS_MAX`] jobs wait. What must not be
 //! lost (a critical event such as a leak, a cap applied or a quarantine,
-//! an ack, a config value such as a GPU's health, a console's audit
-//! record ([`Recorder::append_kept`]), anything waited for)
+//! an ack, a config value such as a GPU's health, anything waited for)
 //! is queued beyond that, up
 //! to [`VITAL_MAX`]; past it the flash has fallen minutes behind, and it
-//! is dropped, counted and said as an error. Acks to refused commands are
+//! is dropped, counted and said as an error. A console's audit record
+//! ([`Recorder::append_kept`]) is queued beyond [`JOBS_MAX`] too, but
+//! only [`AUDIT_ROOM`] jobs beyond it, never into the critical events'
+//! room (anyone at a serial port can cause such records, logged in or
+//! not). Acks to refused commands are
 //! rate-limited before they get here, so a flood on a host's `cmd` topic
 //! cannot fill it.
 //!
@@ -174,6 +177,12 @@ pub const JOBS_MAX: usize = 4096;
 /// Jobs queued at most, what must not be lost included.
 pub const VITAL_MAX: usize = 4 * JOBS_MAX;
 
+/// Jobs queued beyond [`JOBS_MAX`] past which an audit record
+/// ([`Recorder::append_kept`]) is dropped: a console's records (which
+/// anyone at its port can cause, logged in or not) never take the room
+/// up to [`VITAL_MAX`] that the critical events need.
+pub const AUDIT_ROOM: usize = 1024;
+
 /// The event-log kind of an agent's serial console record (a session, a
 /// login, a state-changing command; `loopwarden_field::serial::record`),
 /// its body JSON text. Agent-local: never a bus message.
@@ -187,6 +196,17 @@ enum Lane {
     /// Ahead of the FIFO channel's jobs (what the caller waits for), in
     /// the order given among themselves.
     Priority,
+}
+
+/// How much of the queue a job may wait behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Room {
+    /// What can be lost: up to [`JOBS_MAX`].
+    Droppable,
+    /// An audit record: [`AUDIT_ROOM`] beyond that.
+    Audit,
+    /// What must not be lost: up to [`VITAL_MAX`].
+    Vital,
 }
 
 /// The thread's ends of the two channels.
@@ -304,7 +324,7 @@ impl Recorder {
     /// Hands over `job` if there is room, else drops and counts it;
     /// whether it was handed over.
     fn offer(&self, job: Job, what: &str) -> bool {
-        self.hand(job, self.bound, what, Lane::Fifo)
+        self.hand(job, Room::Droppable, what, Lane::Fifo)
     }
 
     /// Hands over what must not be lost, in the FIFO channel: queued up
@@ -320,17 +340,29 @@ impl Recorder {
     }
 
     fn vital_by(&self, job: Job, what: &str, lane: Lane) -> Result<(), String> {
-        match self.hand(job, VITAL_MAX.max(self.bound), what, lane) {
+        match self.hand(job, Room::Vital, what, lane) {
             true => Ok(()),
             false => Err(format!("{what} not handed to the flash thread")),
         }
     }
 
-    /// Queues `job` on `lane` while fewer than `limit` wait there, and
-    /// says whether it did; never blocks. A job over the limit is dropped
-    /// and counted (an event in a storm said once a thousand, anything
-    /// vital each time).
-    fn hand(&self, job: Job, limit: usize, what: &str, lane: Lane) -> bool {
+    /// Jobs that may wait on a lane when one of `room` is handed over.
+    fn limit(&self, room: Room) -> usize {
+        let vital = VITAL_MAX.max(self.bound);
+        match room {
+            Room::Droppable => self.bound,
+            Room::Audit => (self.bound + AUDIT_ROOM).min(vital),
+            Room::Vital => vital,
+        }
+    }
+
+    /// Queues `job` on `lane` while fewer than its `room`'s limit wait
+    /// there, and says whether it did; never blocks. A job over the limit
+    /// is dropped and counted (an event in a storm said once a thousand,
+    /// an audit record as an error once a thousand, anything vital each
+    /// time).
+    fn hand(&self, job: Job, room: Room, what: &str, lane: Lane) -> bool {
+        let limit = self.limit(room);
         let (count, tx) = match lane {
             Lane::Fifo => (&self.queued, &self.jobs),
             Lane::Priority => (&self.pressing, &self.urgent),
@@ -338,12 +370,19 @@ impl Recorder {
         if count.fetch_add(1, Ordering::Relaxed) >= limit {
             count.fetch_sub(1, Ordering::Relaxed);
             let n = self.dropped.fetch_add(1, Ordering::Relaxed);
-            if limit > self.bound {
-                tracing::error!(
+            match room {
+                Room::Vital => tracing::error!(
                     "flash queue full ({limit} jobs): {what} dropped: the flash has fallen far behind"
-                );
-            } else if n % 1000 == 0 {
-                tracing::warn!("flash queue full ({limit} jobs): {what} dropped");
+                ),
+                Room::Audit if n % 1000 == 0 => tracing::error!(
+                    "flash queue full ({limit} jobs, the most an audit record may wait behind): \
+                     {what} dropped ({} jobs dropped since the start)",
+                    n + 1
+                ),
+                Room::Droppable if n % 1000 == 0 => {
+                    tracing::warn!("flash queue full ({limit} jobs): {what} dropped")
+                }
+                _ => {}
             }
             return false;
         }
@@ -484,11 +523,12 @@ impl Recorder {
         self.offer(job, "an event-log entry");
     }
 
-    /// Appends to the event log without waiting, as what must not be
-    /// lost (an audit record: a console login, a state-changing command):
-    /// queued beyond [`JOBS_MAX`], behind a storm's events, and dropped
-    /// only past [`VITAL_MAX`] (counted and said as an error). Whether it
-    /// was taken.
+    /// Appends an audit record (a console's session, login, refusal or
+    /// state-changing command) to the event log without waiting: queued
+    /// beyond [`JOBS_MAX`], behind a storm's events, and dropped (counted,
+    /// said as an error once a thousand) past [`AUDIT_ROOM`] more jobs,
+    /// so as never to take the room of a critical event. Whether it was
+    /// taken: the caller says what it was when not.
     pub fn append_kept(&self, time: TimestampMs, kind: u8, body: Vec<u8>) -> bool {
         let job = Job::Append {
             time,
@@ -496,8 +536,12 @@ impl Recorder {
             body,
             done: None,
         };
-        self.vital(job, "an event-log entry that must be kept")
-            .is_ok()
+        self.hand(
+            job,
+            Room::Audit,
+            "an audit record for the event log",
+            Lane::Fifo,
+        )
     }
 
     /// Keeps a config value if the queue has room, else drops and counts
@@ -780,6 +824,26 @@ mod tests {
             .map(|e| e.body.clone())
             .collect();
         assert_eq!(kept, [b"login".to_vec()]);
+    }
+
+    /// Audit records (which anyone at the serial port can cause, logged
+    /// in or not) have a room of their own past the bound of a storm's
+    /// events: beyond it they are dropped and counted, and the room left
+    /// up to VITAL_MAX stays the critical events'.
+    #[test]
+    fn audit_records_never_take_the_room_of_a_critical_event() {
+        let (r, rx) = stalled(JOBS_MAX);
+        let taken = (0..VITAL_MAX)
+            .filter(|_| r.append_kept(TimestampMs(1), CONSOLE_RECORD, b"{}".to_vec()))
+            .count();
+        assert_eq!(taken, JOBS_MAX + AUDIT_ROOM);
+        assert_eq!(r.dropped(), (VITAL_MAX - taken) as u64);
+        let leak = loopwarden_protocol::Event::Leak {
+            rack: loopwarden_protocol::RackIndex::new(3).expect("a rack"),
+            active: true,
+        };
+        assert!(r.emit(leak, TimestampMs(2)), "the leak is kept");
+        assert_eq!(fifo(&rx).len(), taken + 1);
     }
 
     #[test]
