@@ -20,6 +20,22 @@ macro_rules! name_set {
             /// Every named bit with its JSON name, in bit order.
             pub const NAMES: &'static [(Self, &'static str)] = &[ $( (Self::$flag, $label), )+ ];
 
+            /// The flag of a JSON name: one of [`Self::NAMES`] or `bitN`
+            /// (a bit this reader has no name for); `None` for a name it
+            /// does not know.
+            pub fn from_name(name: &str) -> Option<Self> {
+                Self::NAMES
+                    .iter()
+                    .find(|(_, n)| *n == name)
+                    .map(|(v, _)| *v)
+                    .or_else(|| {
+                        name.strip_prefix("bit")
+                            .and_then(|b| b.parse::<u32>().ok())
+                            .filter(|b| *b < <$raw>::BITS)
+                            .map(|b| Self(1 << b))
+                    })
+            }
+
             /// No flag set.
             pub const fn empty() -> Self {
                 Self(0)
@@ -110,16 +126,7 @@ macro_rules! name_set {
                         let mut set = $name::empty();
                         while let Some(name) = a.next_element::<heapless::String<32>>()? {
                             let name = name.as_str();
-                            let flag = $name::NAMES
-                                .iter()
-                                .find(|(_, n)| *n == name)
-                                .map(|(v, _)| *v)
-                                .or_else(|| {
-                                    name.strip_prefix("bit")
-                                        .and_then(|b| b.parse::<u32>().ok())
-                                        .filter(|b| *b < <$raw>::BITS)
-                                        .map(|b| $name(1 << b))
-                                })
+                            let flag = $name::from_name(name)
                                 // Named so that `Frame::from_json` can say which and where.
                                 .ok_or_else(|| serde::de::Error::custom(format_args!("unknown flag {:?}", name)))?;
                             set = set | flag;

@@ -21,9 +21,10 @@ use serde::{Deserialize, Serialize};
 use crate::frame::{Frame, Message, MessageKind, Version, PROTOCOL};
 use crate::ids::NodeId;
 use crate::message::{
-    Ack, CapLease, CduState, CduTelemetry, Event, HostHealth, HostTelemetry, Online,
-    QuarantineRelease, ResendReport, ResendRequest,
+    Ack, CapLease, CduState, CduTelemetry, Event, GpuFlags, HostHealth, HostTelemetry, Online,
+    QuarantineRelease, ResendReport, ResendRequest, ThrottleReasons, Unsupported,
 };
+use crate::reason::ReasonCode;
 use crate::units::TimestampMs;
 
 #[derive(Serialize, Deserialize)]
@@ -142,7 +143,8 @@ impl Frame {
 
 /// Why `s` was refused: serde_json says an unknown reason or flag name
 /// (see [`crate::reason`], [`crate::flags`]) but not where it is, so it is
-/// found in the body, named with its field. A frame of another major is
+/// found in the body: in a reason or flag field whose own parser refuses
+/// it, named with that field. A frame of another major is
 /// refused for its version; anything else as serde_json says it.
 fn refusal(s: &str, e: serde_json::Error) -> JsonError {
     let said = e.to_string();
@@ -160,42 +162,81 @@ fn refusal(s: &str, e: serde_json::Error) -> JsonError {
     let Some(body) = value.get("body") else {
         return JsonError::Invalid(e);
     };
-    // A reason is one name; a flag, a name in a list of them.
-    for (what, in_list) in [("reason", false), ("flag", true)] {
-        let is_it = |n: &str| said.starts_with(&format!("unknown {what} {n:?}"));
-        if let Some((name, field)) = find_name(body, "body".to_string(), in_list, &is_it) {
-            return JsonError::UnknownName {
-                what,
-                name,
-                field,
-                protocol,
-            };
-        }
+    let Some((what, name, field)) = find_name(body, "body".to_string(), &said) else {
+        return JsonError::Invalid(e);
+    };
+    JsonError::UnknownName {
+        what,
+        name,
+        field,
+        protocol,
     }
-    JsonError::Invalid(e)
 }
 
-/// The first string in `v` (at path `at`) that `is_it`, alone or in a list
-/// of strings as `in_list` says, and its field (a list's, for a name in
-/// one).
+/// Whether a field's parser knows a name.
+type Knows = fn(&str) -> bool;
+
+/// The fields whose strings are names: each field's key, what its names
+/// are (a `reason` is one name; a flag set, a list of names) and whether
+/// its own parser knows a name.
+const NAME_FIELDS: [(&str, &str, Knows); 4] = [
+    ("reason", "reason", |n| ReasonCode::parse(n).is_some()),
+    ("flags", "flag", |n| GpuFlags::from_name(n).is_some()),
+    ("unsupported", "flag", |n| {
+        Unsupported::from_name(n).is_some()
+    }),
+    ("throttle", "flag", |n| {
+        ThrottleReasons::from_name(n).is_some()
+    }),
+];
+
+/// The first name in `v` (at path `at`) that serde_json `said` it does not
+/// know, in a field of [`NAME_FIELDS`] whose parser refuses it: what it is,
+/// the name and its field. A name elsewhere (a sentence of evidence), or
+/// one its own field knows, is not it.
 fn find_name(
     v: &serde_json::Value,
     at: String,
-    in_list: bool,
-    is_it: &dyn Fn(&str) -> bool,
-) -> Option<(String, String)> {
+    said: &str,
+) -> Option<(&'static str, String, String)> {
     use serde_json::Value;
     match v {
-        Value::String(n) if !in_list && is_it(n) => Some((n.clone(), at)),
-        Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| match item {
-            Value::String(n) if in_list && is_it(n) => Some((n.clone(), at.clone())),
-            _ => find_name(item, format!("{at}[{i}]"), in_list, is_it),
-        }),
-        Value::Object(map) => map
+        Value::Array(items) => items
             .iter()
-            .find_map(|(k, item)| find_name(item, format!("{at}.{k}"), in_list, is_it)),
+            .enumerate()
+            .find_map(|(i, item)| find_name(item, format!("{at}[{i}]"), said)),
+        Value::Object(map) => map.iter().find_map(|(k, item)| {
+            let field = format!("{at}.{k}");
+            match refused_in(k, item, said) {
+                Some((what, name)) => Some((what, name.to_string(), field)),
+                None => find_name(item, field, said),
+            }
+        }),
         _ => None,
     }
+}
+
+/// The name in `v`, the value of field `key`, that `key`'s parser refuses
+/// and serde_json `said` it does not know, with what it is.
+fn refused_in<'v>(
+    key: &str,
+    v: &'v serde_json::Value,
+    said: &str,
+) -> Option<(&'static str, &'v str)> {
+    let (_, what, knows) = NAME_FIELDS.iter().find(|(k, ..)| *k == key)?;
+    let unknown = said
+        .strip_prefix("unknown ")?
+        .strip_prefix(*what)?
+        .strip_prefix(' ')?;
+    let is_it = |n: &&str| !knows(n) && unknown.starts_with(&format!("{n:?}"));
+    match v {
+        serde_json::Value::String(n) if *what == "reason" => Some(n.as_str()).filter(is_it),
+        serde_json::Value::Array(items) if *what == "flag" => {
+            items.iter().filter_map(|i| i.as_str()).find(is_it)
+        }
+        _ => None,
+    }
+    .map(|n| (*what, n))
 }
 
 fn envelope_schema<T: JsonSchema>(kind: MessageKind) -> serde_json::Value {

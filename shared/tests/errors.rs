@@ -435,3 +435,40 @@ fn json_naming_an_unknown_reason_or_flag_is_refused_naming_it_and_its_field() {
     );
     assert!(matches!(e, JsonError::Invalid(_)), "{e:?}");
 }
+
+/// The field named is the one whose own parser refuses the name: a flag
+/// valid in `flags` but unknown in `unsupported` is named in
+/// `unsupported`, and a reason name written in an evidence sentence is not
+/// taken for the reason.
+#[test]
+fn json_names_the_field_whose_parser_refuses_the_name() {
+    let edit = |kind: MessageKind, change: &dyn Fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&samples::frame(kind).to_json()).unwrap();
+        change(&mut v["body"]);
+        Frame::from_json(&v.to_string()).unwrap_err().to_string()
+    };
+    let e = edit(MessageKind::HostTelemetry, &|body| {
+        let gpu = &mut body["gpus"][0];
+        assert!(
+            gpu["flags"]
+                .as_array()
+                .unwrap()
+                .contains(&"ecc_enabled".into()),
+            "{gpu}"
+        );
+        gpu["unsupported"] = serde_json::json!(["ecc_enabled"]);
+    });
+    assert!(
+        e.starts_with(r#"unknown flag "ecc_enabled" in body.gpus[0].unsupported: "#),
+        "{e}"
+    );
+    let e = edit(MessageKind::HostHealth, &|body| {
+        body["gpus"][0]["evidence"] = "xid-1000".into();
+        body["gpus"][3]["reason"] = "xid-1000".into();
+    });
+    assert!(
+        e.starts_with(r#"unknown reason "xid-1000" in body.gpus[3].reason: "#),
+        "{e}"
+    );
+}
