@@ -2,8 +2,9 @@
 //! first description failed, the board's range stood in) whose late
 //! description gives NVML's lowest limit, above the board's: the range is
 //! the GPU's from then on, the node's too, and a cap below it is acked
-//! clamped to it, not set below what NVML takes. The fixture is
-//! `system/rig.rs`, as for `system.rs`.
+//! clamped to it, not set below what NVML takes; and one whose set NVML
+//! took at its new lowest limit, which the DCGM limit series then show.
+//! The fixture is `system/rig.rs`, as for `system.rs`.
 //!
 //! Skipped when mosquitto is not installed, except under CI (`CI=true`),
 //! where a missing tool fails the test.
@@ -114,5 +115,127 @@ fn a_gpu_identified_late_takes_the_range_its_description_gives() {
         "GPU 1: 250 W is below its minimum 300 W; clamped to 300 W"
     );
     assert_eq!(limits(&ack), vec![250, LOWEST.0]);
+    agent.stop();
+}
+
+/// Twin GPUs of which GPU 1 narrows its limit constraints after the start
+/// (NVML's lowest limit [`LOWEST`] from then on; 200 W, the twin's, at
+/// the start).
+struct NarrowingSource(node_agent::sim_gpus::TwinSource);
+
+impl GpuSource for NarrowingSource {
+    fn devices(&mut self) -> Result<Vec<Box<dyn GpuDevice>>, GpuError> {
+        let devices = self.0.devices()?.into_iter().enumerate();
+        Ok(devices
+            .map(|(i, d)| {
+                Box::new(NarrowingGpu {
+                    gpu: d,
+                    narrows: i == 1,
+                    narrowed: false,
+                }) as Box<dyn GpuDevice>
+            })
+            .collect())
+    }
+    fn watch_xids(
+        &mut self,
+        sink: node_agent::xid_queue::XidSink,
+    ) -> Result<Vec<(u8, GpuError)>, GpuError> {
+        self.0.watch_xids(sink)
+    }
+}
+
+/// A GPU that, where `narrows`, takes a set below [`LOWEST`] at
+/// [`LOWEST`] (NVML sets within the constraints it reads then) and
+/// describes itself with it as its lowest limit from then on.
+struct NarrowingGpu {
+    gpu: Box<dyn GpuDevice>,
+    narrows: bool,
+    narrowed: bool,
+}
+
+impl GpuDevice for NarrowingGpu {
+    fn describe(&mut self) -> Result<GpuInfo, GpuError> {
+        let info = self.gpu.describe()?;
+        Ok(match self.narrowed {
+            true => GpuInfo {
+                min_limit: LOWEST,
+                ..info
+            },
+            false => info,
+        })
+    }
+    fn sample(&mut self) -> Result<GpuSample, GpuError> {
+        self.gpu.sample()
+    }
+    fn set_power_limit(&mut self, w: Watts) -> Result<(), GpuError> {
+        if self.narrows && w < LOWEST {
+            self.narrowed = true;
+            return self.gpu.set_power_limit(LOWEST);
+        }
+        self.gpu.set_power_limit(w)
+    }
+    fn power_limit(&mut self) -> Result<Watts, GpuError> {
+        self.gpu.power_limit()
+    }
+}
+
+/// The value of `name` for GPU `gpu` in the exposition `text`, if there.
+fn series(text: &str, name: &str, gpu: u8) -> Option<f64> {
+    let labelled = format!("{name}{{gpu=\"{gpu}\"");
+    text.lines()
+        .find(|l| l.starts_with(&labelled))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// A set NVML took at another limit than asked has the GPU described
+/// again: the lowest limit it gives then (300 W, 200 W at the start) is
+/// its range's and what `DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN` says, NVML's
+/// as it gave it now, not the one read at the start.
+#[test]
+fn a_set_nvml_took_at_its_new_lowest_limit_updates_the_dcgm_limits() {
+    let Some(rig) = Rig::start("l2") else {
+        return;
+    };
+    let mut sub = rig.subscribe(&["ack"]);
+    let board = loopwarden_boards::GpuBoard::builtin("H200-SXM").expect("board");
+    let metrics: std::net::SocketAddr =
+        ([127, 0, 0, 1], loopwarden_system_tests::free_port()).into();
+    let agent = rig
+        .agent(2)
+        .source(NarrowingSource(node_agent::sim_gpus::TwinSource::new(
+            &board, 2, 3,
+        )))
+        .flags(Overrides {
+            period_ms: Some(100),
+            metrics_listen: Some(metrics.to_string()),
+            ..Default::default()
+        })
+        .start();
+    agent.ctl_within(&["status"], Duration::from_secs(20), "no console");
+    let scrape = || {
+        let (code, body) =
+            loopwarden_system_tests::prometheus::http_get(metrics, "/metrics").expect("/metrics");
+        assert_eq!(code, 200, "{body}");
+        body
+    };
+    let min = "DCGM_FI_DEV_POWER_MGMT_LIMIT_MIN";
+    assert_eq!(
+        series(&scrape(), min, 1),
+        Some(200.0),
+        "as read at the start"
+    );
+
+    rig.ack(&mut sub, &lease(1, 1, &[(GpuSelector::All, 250)], 60_000));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut text = scrape();
+    while Instant::now() < deadline && series(&text, min, 1) != Some(f64::from(LOWEST.0)) {
+        std::thread::sleep(Duration::from_millis(100));
+        text = scrape();
+    }
+    assert_eq!(series(&text, min, 1), Some(f64::from(LOWEST.0)), "{text}");
+    assert_eq!(series(&text, min, 0), Some(200.0), "{text}");
+    let caps = agent.ctl(&["caps"]).unwrap_or_default();
+    assert_eq!(caps["gpus"][1]["min"], LOWEST.0, "{caps}");
     agent.stop();
 }

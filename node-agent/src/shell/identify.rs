@@ -16,12 +16,17 @@
 //! described again), is the GPU's from then on: the node is given it
 //! ([`Node::set_range`](node_core::node::Node::set_range)), and a cap
 //! below its lowest limit is acked clamped to it, not failed and
-//! retried.
+//! retried. NVML's limits that description gives are the GPU's own
+//! figures from then on (what the DCGM limit series show, one unread
+//! left as it was): the range is the board's within them, never written
+//! over them.
 //!
 //! Glossary:
 //! - *identity*: a GPU's UUID (its name comes with it); `unknown` until
 //!   it says it.
 //! - *range*: the limits a GPU can be set to, NVML's within the board's.
+//! - *limits*: NVML's default, lowest and highest limit of a GPU, as it
+//!   gave them (`UNREAD_LIMIT` where not).
 
 use std::time::Duration;
 
@@ -55,16 +60,37 @@ pub(super) fn range_of(info: &GpuInfo, config: &Config) -> Option<GpuRange> {
 /// The range GPU `w` gives now, within the board's, asked by a
 /// description within `deadline` after a set that took and read back at
 /// another limit than asked (NVML set it within constraints it read
-/// then); `None` where it gives none, or not in time (said).
-pub(super) async fn range_now(w: &Worker, deadline: Duration, config: &Config) -> Option<GpuRange> {
+/// then), with that description (NVML's limits as it gave them, for
+/// [`Agent::took_ranges`]); `None` where it gives none, or not in time
+/// (said).
+pub(super) async fn range_now(
+    w: &Worker,
+    deadline: Duration,
+    config: &Config,
+) -> (Option<GpuRange>, Option<GpuInfo>) {
     match w.describe(deadline).await {
-        Ok(info) => range_of(&info, config),
+        Ok(info) => (range_of(&info, config), Some(info)),
         Err(e) => {
             tracing::warn!(
                 "GPU {}: set at another limit than asked, and its limit constraints not read ({e})",
                 w.index()
             );
-            None
+            (None, None)
+        }
+    }
+}
+
+/// Each limit NVML gave in `now` is the GPU's own figure from now on, in
+/// `kept` (apart from its range, the board's within NVML's); one it did
+/// not give ([`UNREAD_LIMIT`]) stays as it was.
+fn take_limits(kept: &mut GpuInfo, now: &GpuInfo) {
+    for (kept, now) in [
+        (&mut kept.default_limit, now.default_limit),
+        (&mut kept.min_limit, now.min_limit),
+        (&mut kept.max_limit, now.max_limit),
+    ] {
+        if now != UNREAD_LIMIT {
+            *kept = now;
         }
     }
 }
@@ -104,17 +130,7 @@ impl Agent {
     async fn identified(&mut self, gpu: u8, info: GpuInfo) {
         let range = range_of(&info, &self.config);
         let g = &mut self.gpus[gpu as usize];
-        // Each limit NVML gives now is the GPU's own figure (kept apart
-        // from its range, the board's within); one still unread stays so.
-        for (kept, now) in [
-            (&mut g.info.default_limit, info.default_limit),
-            (&mut g.info.min_limit, info.min_limit),
-            (&mut g.info.max_limit, info.max_limit),
-        ] {
-            if now != UNREAD_LIMIT {
-                *kept = now;
-            }
-        }
+        take_limits(&mut g.info, &info);
         g.info.uuid = info.uuid;
         g.info.name = info.name;
         let uuid = g.info.uuid.clone();
@@ -165,15 +181,27 @@ impl Agent {
     }
 
     /// The ranges learned by `results`' sets ([`range_now`]) are their
-    /// GPUs' from now on (the node takes them with the results). The
-    /// range is the board's within NVML's: the GPU's own limits (its
-    /// description's) are not overwritten with it.
-    pub(super) fn took_ranges(&mut self, results: &[LimitResult]) {
-        for res in results {
-            if let (Some(range), Some(g)) = (res.range, self.gpus.get_mut(res.gpu as usize)) {
-                g.range = range;
+    /// GPUs' from now on (the node takes them with the results), and the
+    /// limits NVML gave in the same descriptions are the GPUs' own (what
+    /// the DCGM limit series show): the range is the board's within
+    /// NVML's, never written over NVML's figures.
+    pub(super) fn took_ranges(
+        &mut self,
+        results: Vec<(LimitResult, Option<GpuInfo>)>,
+    ) -> Vec<LimitResult> {
+        let mut taken = Vec::with_capacity(results.len());
+        for (res, described) in results {
+            if let Some(g) = self.gpus.get_mut(res.gpu as usize) {
+                if let Some(range) = res.range {
+                    g.range = range;
+                }
+                if let Some(info) = &described {
+                    take_limits(&mut g.info, info);
+                }
             }
+            taken.push(res);
         }
+        taken
     }
 
     /// GPU `gpu` gave its range (a late description): it is the GPU's

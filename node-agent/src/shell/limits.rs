@@ -243,7 +243,7 @@ impl Agent {
                 if s.read_first {
                     let found = w.read_limit(deadline).await.map_err(|e| e.to_string());
                     if let Some(f) = found.as_ref().ok().copied().filter(|&f| f < s.limit) {
-                        return LimitResult {
+                        let result = LimitResult {
                             gpu: s.gpu,
                             limit: s.limit,
                             set: Err(format!("not set: {} W found on it just before", f.0)),
@@ -251,30 +251,31 @@ impl Agent {
                             first: Some(found),
                             range: None,
                         };
+                        return (result, None);
                     }
                     first = Some(found);
                 }
                 let set = w.set_limit(s.limit, deadline).await;
                 let back = w.read_limit(deadline).await;
-                let range = match (&set, &back) {
+                let (range, described) = match (&set, &back) {
                     (Ok(()), Ok(b)) if *b != s.limit => {
                         super::identify::range_now(w, deadline, config).await
                     }
-                    _ => None,
+                    _ => (None, None),
                 };
-                LimitResult {
+                let result = LimitResult {
                     gpu: s.gpu,
                     limit: s.limit,
                     set: set.map_err(|e| e.to_string()),
                     back: back.map_err(|e| e.to_string()),
                     first,
                     range,
-                }
+                };
+                (result, described)
             })
         });
         let results = futures::future::join_all(jobs).await;
-        self.took_ranges(&results);
-        results
+        self.took_ranges(results)
     }
 }
 
