@@ -200,6 +200,7 @@ pub(in crate::shell) async fn stale_tags(
             .get(gpu as usize)
             .and_then(|u| crate::shell::identity(u))
         else {
+            tracing::warn!("GPU {gpu}: its UUID is unknown: whether its quarantine actions ran under another index before a renumbering (a drain tagged with that index left standing) is not checked");
             continue;
         };
         let stale = stale_of(store, health, (gpu, id), renumbered).await;
@@ -226,10 +227,10 @@ async fn stale_of(
             p.map(|p| read_stale(&p).map_err(|e| format!("{key}: {e}")))
                 .transpose()
         }) {
-        Ok(kept) => kept,
+        Ok(kept) => Ok(kept),
         Err(e) => {
-            tracing::error!("GPU {gpu}: the indexes its quarantine actions ran under before a renumbering are unreadable ({e}): check by hand that no drain of another index is left for it");
-            return Vec::new();
+            tracing::error!("GPU {gpu}: the indexes its quarantine actions ran under before a renumbering are unreadable ({e}): check by hand that no drain of another index is left for it; the record is replaced by what this start found (none: removed)");
+            Err(())
         }
     };
     let quarantined = |g: u8| {
@@ -240,7 +241,7 @@ async fn stale_of(
     let since = (health.status(gpu))
         .filter(|st| st.state == HealthState::Quarantined)
         .map(|st| st.since.0);
-    let mut stale = kept.clone().unwrap_or_default();
+    let mut stale = kept.clone().ok().flatten().unwrap_or_default();
     if let (Some(was_for), Some(now)) = (stale.since, since) {
         if was_for != now && !stale.was.is_empty() {
             tracing::warn!("GPU {gpu}: the stale indexes {:?} kept for its quarantine of {was_for} (wall ms) are dropped: it was released since and is quarantined anew (since {now})", stale.was);
@@ -257,7 +258,7 @@ async fn stale_of(
     if released(health.status(gpu)) {
         stale.was.clear();
     }
-    keep_stale(store, gpu, id, kept.as_ref(), &stale).await;
+    keep_stale(store, gpu, id, kept.as_ref().map(Option::as_ref), &stale).await;
     let before = (stale.was.iter().copied()).filter(|was| !renumbered.contains(&(gpu, *was)));
     for was in before {
         tracing::error!(
@@ -268,19 +269,19 @@ async fn stale_of(
 }
 
 /// Keeps `stale` as the record of the GPU `gpu` of identity `id` where it
-/// differs from the one `kept` (none: the record removed); a write that
-/// fails is said.
+/// differs from the one `kept` (`Err`: unreadable, replaced) (none: the
+/// record removed); a write that fails is said.
 async fn keep_stale(
     store: &mut ConfigStore<Flash>,
     gpu: u8,
     id: u64,
-    kept: Option<&Stale>,
+    kept: Result<Option<&Stale>, &()>,
     stale: &Stale,
 ) {
     let key = stale_key(id);
     let written = match (kept, stale.was.is_empty()) {
-        (None, true) => return,
-        (Some(kept), false) if kept == stale => return,
+        (Ok(None), true) => return,
+        (Ok(Some(kept)), false) if kept == stale => return,
         (_, true) => store.remove(&key).await,
         (_, false) => (store.set(&key, &super::tagged(id, &stale_payload(stale)))).await,
     };
@@ -549,6 +550,71 @@ mod tests {
         assert!(e.contains("index 16"), "{e}");
         let e = read_stale(&[STAMPED, 1, 2]).unwrap_err();
         assert!(e.contains("stamp"), "{e}");
+    }
+
+    /// `f`'s result and what it logged.
+    fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
+        #[derive(Clone, Default)]
+        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .without_time()
+            .finish();
+        let out = tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8_lossy(&buf.0.lock().unwrap()).into_owned();
+        (out, text)
+    }
+
+    /// A's stale-index record unreadable (damaged): said, and replaced by
+    /// what this start found (removed once A is released), so the next
+    /// start reads it again; a GPU whose UUID is unknown is said not
+    /// checked.
+    #[test]
+    fn an_unreadable_stale_index_record_is_replaced_by_what_the_start_found() {
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        let id = crate::shell::identity(A).unwrap();
+        let junk = |store: &mut ConfigStore<Flash>| {
+            futures::executor::block_on(store.set(&stale_key(id), b"junk")).unwrap();
+        };
+        let uuids = [X, A, B];
+        let said = |store: &mut ConfigStore<Flash>, h: &HealthEngine, r: &[(u8, u8)]| {
+            logged(|| futures::executor::block_on(stale_tags(store, h, &uuids, r)))
+        };
+        junk(&mut store);
+        let (tags, log) = said(&mut store, &health(&[]), &[]);
+        assert_eq!(tags, vec![]);
+        assert!(
+            log.contains("GPU 1: the indexes") && log.contains("unreadable"),
+            "{log}"
+        );
+        let kept = futures::executor::block_on(super::super::get(&mut store, &stale_key(id)));
+        assert_eq!(kept, Ok(None), "removed");
+        // Quarantined, renumbered at this start: what it found is kept.
+        junk(&mut store);
+        let (tags, _) = said(&mut store, &health(&[1]), &[(1, 2)]);
+        assert_eq!(tags, vec![(1, vec![2])]);
+        let (tags, log) = said(&mut store, &health(&[1]), &[]);
+        assert_eq!(tags, vec![(1, vec![2])]);
+        assert!(!log.contains("unreadable"), "{log}");
+        // A GPU whose UUID is unknown: not checked, said.
+        let unknown = [X, crate::shell::UNKNOWN_UUID, B];
+        let (tags, log) = logged(|| {
+            futures::executor::block_on(stale_tags(&mut store, &health(&[1]), &unknown, &[]))
+        });
+        assert_eq!(tags, vec![]);
+        assert!(log.contains("GPU 1: its UUID is unknown"), "{log}");
     }
 
     /// A record an earlier version kept (the indexes alone, no stamp) is
