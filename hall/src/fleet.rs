@@ -202,16 +202,7 @@ pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
             cfg.hosts
         )));
     }
-    let (out, temporary) = match &cfg.out {
-        Some(d) => (d.clone(), false),
-        None => (
-            std::env::temp_dir().join(format!("loopwarden-fleet-{}", std::process::id())),
-            true,
-        ),
-    };
-    if !temporary && !cfg.flash_in_memory {
-        refuse_used_out(&out, &layouts)?;
-    }
+    let (out, temporary) = out_folder(cfg, &layouts, &std::env::temp_dir())?;
     let broker = Brokers::start(cfg)?;
     let observer =
         observer::Observer::start(&broker.observer, &broker.site).map_err(FleetError::Start)?;
@@ -284,6 +275,52 @@ fn refuse_faults(cfg: &FleetConfig) -> Result<(), FleetError> {
         )));
     }
     Ok(())
+}
+
+/// The folder for the agents' flash files and console sockets, and
+/// whether it is the run's own (removed at the end): `--out`, refused
+/// where it holds an earlier run's flash, or by default a fresh folder
+/// under `tmp`.
+fn out_folder(
+    cfg: &FleetConfig,
+    layouts: &[CduLayout],
+    tmp: &std::path::Path,
+) -> Result<(PathBuf, bool), FleetError> {
+    match &cfg.out {
+        Some(d) => {
+            if !cfg.flash_in_memory {
+                refuse_used_out(d, layouts)?;
+            }
+            Ok((d.clone(), false))
+        }
+        None => fresh_folder(tmp).map(|d| (d, true)),
+    }
+}
+
+/// A folder under `tmp` made here, `loopwarden-fleet-<pid>-<n>`: never one
+/// an earlier run left (one killed before its end keeps its folder, and
+/// a later run may get the same process id), whose flash would restore
+/// that run's quarantines.
+fn fresh_folder(tmp: &std::path::Path) -> Result<PathBuf, FleetError> {
+    let pid = std::process::id();
+    for n in 0..1000 {
+        let d = tmp.join(format!("loopwarden-fleet-{pid}-{n}"));
+        match std::fs::create_dir(&d) {
+            Ok(()) => return Ok(d),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(FleetError::Start(format!(
+                    "the run's folder {}: {e}",
+                    d.display()
+                )))
+            }
+        }
+    }
+    Err(FleetError::Start(format!(
+        "no new folder for the run in {}: loopwarden-fleet-{pid}-0 to -999 are taken \
+         (left by killed runs); remove them or give --out",
+        tmp.display()
+    )))
 }
 
 /// Refuses an `--out` that holds a host's flash file from an earlier run:
@@ -756,6 +793,38 @@ mod tests {
             let layouts = layout::plan(hosts, 1).unwrap();
             assert_eq!(cfg.fault_plan(&layouts).injections.len(), want);
         }
+    }
+
+    #[test]
+    fn the_default_folder_is_new_never_one_a_killed_run_left() {
+        // A run killed before its end leaves its folder and flash; a later
+        // run may get the same process id.
+        let tmp = std::env::temp_dir().join(format!("fleet-tmp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let pid = std::process::id();
+        let left = [
+            format!("loopwarden-fleet-{pid}"),
+            format!("loopwarden-fleet-{pid}-0"),
+        ]
+        .map(|d| tmp.join(d));
+        for d in &left {
+            std::fs::create_dir_all(d.join("c1r0h0")).unwrap();
+            std::fs::write(d.join("c1r0h0/flash.bin"), b"kept").unwrap();
+        }
+        let cfg = FleetConfig::new(2, 1, 60);
+        let layouts = layout::plan(2, 1).unwrap();
+        let (out, temporary) = out_folder(&cfg, &layouts, &tmp).unwrap();
+        let entries = std::fs::read_dir(&out).map(|d| d.count());
+        let _ = std::fs::remove_dir_all(&tmp);
+        assert!(temporary);
+        assert!(!left.contains(&out), "{}", out.display());
+        assert!(out.starts_with(&tmp), "{}", out.display());
+        assert_eq!(
+            entries.ok(),
+            Some(0),
+            "{}: made new and empty",
+            out.display()
+        );
     }
 
     #[test]
