@@ -13,9 +13,22 @@
 //! `docs/scale.md`, not to a shared test machine.
 
 use std::process::Command;
+use std::sync::{Mutex, MutexGuard};
+
+/// The fleets of this file run one at a time: each is many threads and
+/// sockets on the same cores, and one beside the 40-host fleet could make
+/// it lose frames that it asserts are never lost.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Waits for the fleet before it to end (a test that failed still lets
+/// the next one run).
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 #[test]
 fn a_small_fleet_loses_nothing_quarantines_every_xid_and_acks_every_cap() {
+    let _one = one_at_a_time();
     let out = Command::new(env!("CARGO_BIN_EXE_loopwarden-hall"))
         .args([
             "fleet",
@@ -107,6 +120,7 @@ fn a_small_fleet_loses_nothing_quarantines_every_xid_and_acks_every_cap() {
 
 #[test]
 fn a_fleet_the_controllers_cannot_hold_is_refused() {
+    let _one = one_at_a_time();
     let out = Command::new(env!("CARGO_BIN_EXE_loopwarden-hall"))
         .args(["fleet", "--hosts", "1000", "--cdus", "4", "--duration", "1"])
         .output()
@@ -137,6 +151,7 @@ fn small_fleet(out: &std::path::Path) -> std::process::Output {
 
 #[test]
 fn a_second_run_into_the_same_out_folder_is_refused_naming_it() {
+    let _one = one_at_a_time();
     let out = out_dir("again");
     let first = small_fleet(&out);
     let stderr = String::from_utf8_lossy(&first.stderr);
@@ -162,6 +177,7 @@ fn a_second_run_into_the_same_out_folder_is_refused_naming_it() {
 
 #[test]
 fn an_agent_whose_console_socket_cannot_be_bound_fails_the_run_naming_it() {
+    let _one = one_at_a_time();
     // A Unix socket's path holds at most 107 bytes: `<out>/c1r0h0/console.sock`
     // under a 100-character folder is longer.
     let base = out_dir("long");
