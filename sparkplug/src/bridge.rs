@@ -10,7 +10,7 @@
 //!   `bdSeq`, `Node Control/Rebirth` false, the bridge's own metrics), then
 //!   a DBIRTH for each CDU and host heard, and a DDEATH for each one born
 //!   before that is dead now (its DDEATH may have been a dropped publish);
-//!   one whose death a round said, with no drop since, is forgotten at a
+//!   one whose death a round said (that DDEATH not dropped) is forgotten at a
 //!   round once unheard for [`PACE_MAX_MS`] (a site's churn does not
 //!   grow every round);
 //! - a device is born when first heard with a measurement; its telemetry,
@@ -280,8 +280,14 @@ pub enum Input {
     /// NCMDs are never retained and the broker would hand it over again
     /// at every connection.
     RetainedCommand(Vec<u8>),
-    /// This many publishes could not be queued by the shell.
-    Dropped(u64),
+    /// Publishes the shell could not queue: how many, and the devices
+    /// whose DDEATH was among them.
+    Dropped {
+        /// How many.
+        count: u64,
+        /// The devices of the DDEATHs among them.
+        deaths: Vec<String>,
+    },
     /// Time passes (about once a second).
     Tick,
     /// The Loopwarden client's count of frames it could not queue for
@@ -406,8 +412,8 @@ impl Bridge {
             Input::LoopwardenConnected(up) => self.loopwarden(now.wall, up),
             Input::Command(bytes) => self.command(now, &bytes),
             Input::RetainedCommand(bytes) => self.retained_command(&bytes),
-            Input::Dropped(n) => {
-                self.dropped(now.mono, n);
+            Input::Dropped { count, deaths } => {
+                self.dropped(now.mono, count, &deaths);
                 Vec::new()
             }
             Input::Tick => self.tick(now),

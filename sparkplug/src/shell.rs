@@ -28,7 +28,7 @@ use rumqttc::{AsyncClient, Event, EventLoop, LastWill, MqttOptions, Outgoing, Pa
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use crate::bridge::{Bridge, BridgeConfig, Input, Notice, Now, Publish, REBIRTH_EVERY_MS};
+use crate::bridge::{Bridge, BridgeConfig, Input, Kind, Notice, Now, Publish, REBIRTH_EVERY_MS};
 
 /// The least number of requests the Sparkplug client queues before it
 /// refuses more; more for a site whose round of births is larger.
@@ -397,6 +397,8 @@ fn log_notices(core: &mut Bridge, limit: &mut LogLimit, now: u64) {
 /// counted and makes the core send every birth again.
 fn send(client: &AsyncClient, core: &mut Bridge, out: Vec<Publish>) {
     let mut dropped = 0;
+    // The DDEATHs dropped: a round of births says those deaths again.
+    let mut deaths = Vec::new();
     for p in out {
         let qos = if p.qos == 1 {
             QoS::AtLeastOnce
@@ -405,6 +407,9 @@ fn send(client: &AsyncClient, core: &mut Bridge, out: Vec<Publish>) {
         };
         if client.try_publish(&p.topic, qos, false, p.payload).is_err() {
             dropped += 1;
+            if let (Kind::DDeath, Some(device)) = (p.kind, p.device) {
+                deaths.push(device);
+            }
         }
     }
     if dropped > 0 {
@@ -413,7 +418,13 @@ fn send(client: &AsyncClient, core: &mut Bridge, out: Vec<Publish>) {
             "Sparkplug client queue full: publishes dropped, births follow (no data until then)"
         );
         // Nothing now: the births go out at the next tick.
-        let _ = core.step(now(), Input::Dropped(dropped));
+        let _ = core.step(
+            now(),
+            Input::Dropped {
+                count: dropped,
+                deaths,
+            },
+        );
     }
 }
 

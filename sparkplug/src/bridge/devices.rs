@@ -21,8 +21,8 @@ pub(super) struct Device {
     /// application knows it, and a round of births says it is dead while
     /// it is, until it is forgotten (see [`Bridge::deaths_to_say`]).
     pub(super) ever_born: bool,
-    /// A round of births said its death since it was last born, and no
-    /// publish was dropped since.
+    /// A round of births said its death since it was last born, and that
+    /// DDEATH was not among the publishes dropped.
     pub(super) death_said: bool,
     /// When a frame of it was last accepted (the bridge's monotonic clock).
     pub(super) last_heard: u64,
@@ -249,7 +249,7 @@ impl Bridge {
     /// Of the devices born before and dead now, those a round of births
     /// is to say dead again (so that a host application that missed a
     /// DDEATH does not show the device alive). One whose death a round
-    /// said already, with no publish dropped since, and unheard for
+    /// said already (that DDEATH not dropped), and unheard for
     /// [`PACE_MAX_MS`] (what is known of its pace no longer counts) is
     /// forgotten instead: a site's churn does not grow every round past
     /// the queue sized for its devices. Heard again, it is a new device.

@@ -3,7 +3,10 @@
 //! while births are due.
 
 use super::{Bridge, BridgeConfig, Notice, Now, Publish, REBIRTH, REBIRTH_EVERY_MS, RESYNC_MAX_MS};
+use std::collections::BTreeSet;
+
 use crate::payload;
+use loopwarden_protocol::Ident;
 
 impl BridgeConfig {
     /// The topic of this edge node's commands (NCMD), the bridge's one
@@ -82,14 +85,16 @@ impl Bridge {
     }
 
     /// Publishes could not be queued (at `now`, monotonic): every birth
-    /// is due again. Drops
+    /// is due again, and the deaths among them are said again. Drops
     /// within the window of the last births (those births, or what
     /// followed them, did not fit either) double the window, once per
     /// round of births however many sends dropped.
-    pub(super) fn dropped(&mut self, now: u64, n: u64) {
+    pub(super) fn dropped(&mut self, now: u64, n: u64, deaths: &[String]) {
         self.counters.publishes_dropped += n;
-        // A death a round of births said may have been dropped with it.
-        for d in self.devices.values_mut() {
+        // A death a round of births said, dropped: not said.
+        let dropped: BTreeSet<&str> = deaths.iter().map(String::as_str).collect();
+        let said = |id: &Ident| dropped.contains(id.as_str());
+        for (_, d) in self.devices.iter_mut().filter(|(id, _)| said(id)) {
             d.death_said = false;
         }
         if !self.session || self.resync {

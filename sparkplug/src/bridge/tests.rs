@@ -589,7 +589,15 @@ fn a_clean_stop_publishes_the_ndeath_and_a_lost_queue_resyncs() {
     let mut b = bridge();
     connected(&mut b);
     b.step(T, host_telemetry("h07", 61));
-    assert!(b.step(T, Input::Dropped(3)).is_empty());
+    assert!(b
+        .step(
+            T,
+            Input::Dropped {
+                count: 3,
+                deaths: Vec::new()
+            }
+        )
+        .is_empty());
     let out = b.step(T + 1, Input::Tick);
     assert_eq!(
         kinds(&out),
@@ -616,7 +624,8 @@ fn a_dropped_ddeath_is_said_again_by_the_births_that_follow() {
     let out = b.step(T, online(Role::Host, "h07", false));
     assert_eq!(kinds(&out), [(Kind::DDeath, Some("h07"))]);
     // The shell could not queue that DDEATH.
-    b.step(T, Input::Dropped(1));
+    let deaths = vec!["h07".to_string()];
+    b.step(T, Input::Dropped { count: 1, deaths });
     let out = b.step(T + 1, Input::Tick);
     let want = [
         (Kind::NBirth, None),
@@ -653,7 +662,7 @@ fn any_input() -> impl Strategy<Value = Input> {
         1 => Just(Input::Tick),
         1 => Just(Input::Command(rebirth_command())),
         1 => Just(Input::RetainedCommand(rebirth_command())),
-        1 => Just(Input::Dropped(1)),
+        1 => Just(Input::Dropped { count: 1, deaths: Vec::new() }),
         1 => (0u64..4).prop_map(Input::InboundDropped),
         1 => any::<bool>().prop_map(Input::LoopwardenConnected),
         2 => (host.clone(), any::<bool>()).prop_map(|(h, up)| online(Role::Host, h, up)),

@@ -265,15 +265,33 @@ fn dropped_publishes_give_births_once_per_window_and_no_data_until_then() {
     let mut b = bridge();
     connected(&mut b);
     b.step(T, host_telemetry("h07", 61));
-    b.step(T + 1_000, Input::Dropped(1));
+    b.step(
+        T + 1_000,
+        Input::Dropped {
+            count: 1,
+            deaths: Vec::new(),
+        },
+    );
     let out = b.step(T + 1_000, Input::Tick);
     assert_eq!(
         kinds(&out),
         [(Kind::NBirth, None), (Kind::DBirth, Some("h07"))]
     );
     // Those births did not fit either: one doubling, however many sends.
-    b.step(T + 1_000, Input::Dropped(1));
-    b.step(T + 1_000, Input::Dropped(1));
+    b.step(
+        T + 1_000,
+        Input::Dropped {
+            count: 1,
+            deaths: Vec::new(),
+        },
+    );
+    b.step(
+        T + 1_000,
+        Input::Dropped {
+            count: 1,
+            deaths: Vec::new(),
+        },
+    );
     assert!(
         b.step(T + 2_000, Input::Tick).is_empty(),
         "within the window"
@@ -295,7 +313,13 @@ fn dropped_publishes_give_births_once_per_window_and_no_data_until_then() {
     let dropped = metric(&body(&out[0]), "bridge/publishes_dropped");
     assert_eq!(dropped, Some(MetricValue::Long(3)));
     // Dropped again at once: 20 s now.
-    b.step(T + 11_000, Input::Dropped(1));
+    b.step(
+        T + 11_000,
+        Input::Dropped {
+            count: 1,
+            deaths: Vec::new(),
+        },
+    );
     b.step(T + 12_000, host_telemetry("h07", 71));
     assert!(b.step(T + 30_000, Input::Tick).is_empty(), "nor NDATA");
     let out = b.step(T + 31_000, Input::Tick);
@@ -303,7 +327,13 @@ fn dropped_publishes_give_births_once_per_window_and_no_data_until_then() {
     // A window without drops: the next drop is answered at the next tick.
     b.step(T + 60_000, host_telemetry("h07", 72));
     assert!(b.step(T + 60_000, Input::Tick).len() <= 1, "NDATA at most");
-    b.step(T + 61_000, Input::Dropped(1));
+    b.step(
+        T + 61_000,
+        Input::Dropped {
+            count: 1,
+            deaths: Vec::new(),
+        },
+    );
     let out = b.step(T + 61_000, Input::Tick);
     assert_eq!(kinds(&out)[0], (Kind::NBirth, None));
 }
@@ -505,7 +535,8 @@ fn a_death_is_said_again_before_it_is_forgotten_when_its_round_may_have_been_dro
     assert_eq!(kinds(&out)[1], (Kind::DDeath, Some("h07")));
     // Publishes dropped after that round: it may not have gone out.
     let later = T + 1_000 + PACE_MAX_MS;
-    b.step(later, Input::Dropped(1));
+    let deaths = vec!["h07".to_string()];
+    b.step(later, Input::Dropped { count: 1, deaths });
     let out = b.step(later, Input::Tick);
     assert_eq!(
         kinds(&out),
@@ -515,4 +546,36 @@ fn a_death_is_said_again_before_it_is_forgotten_when_its_round_may_have_been_dro
     let out = b.step(later + REBIRTH_EVERY_MS, Input::Command(rebirth_command()));
     assert_eq!(kinds(&out), [(Kind::NBirth, None)], "then forgotten");
     assert_eq!(b.devices(), 0);
+}
+
+#[test]
+fn dead_devices_are_forgotten_though_other_publishes_are_dropped() {
+    let mut b = bridge();
+    connected(&mut b);
+    b.step(T, host_telemetry("keep", 60));
+    for i in 0..10 {
+        let id = format!("h{i}");
+        b.step(T, host_telemetry(&id, 61));
+        b.step(T, online(Role::Host, &id, false));
+    }
+    let out = b.step(T + 1_000, Input::Command(rebirth_command()));
+    assert_eq!(out.len(), 2 + 10, "NBIRTH, keep's DBIRTH, 10 DDEATH");
+    // Publishes dropped, none of them a DDEATH: each drop gives a round
+    // of births, which need not say those deaths again.
+    let mut at = T + PACE_MAX_MS;
+    for _ in 0..3 {
+        b.step(at, host_telemetry("keep", 61));
+        b.step(
+            at,
+            Input::Dropped {
+                count: 1,
+                deaths: Vec::new(),
+            },
+        );
+        at += RESYNC_MAX_MS;
+        b.step(at, host_telemetry("keep", 61));
+        let out = b.step(at, Input::Tick);
+        assert_eq!(kinds(&out)[0], (Kind::NBirth, None));
+    }
+    assert_eq!(b.devices(), 1);
 }
