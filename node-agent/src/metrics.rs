@@ -110,7 +110,7 @@ const FLASH_REFUSED: Metric = Metric::counter(
 );
 const CONFIG_LOST: Metric = Metric::gauge(
     "loopwarden_config_store_lost",
-    "1 for each thing the lost mark of a config store found lost at this start still waits for, by waiting_for: gpu_uuid (with gpu: a GPU whose UUID was unknown at the start, not said since), cooling_phase (the CDU's word), gpu_record (with gpu: its records not kept when it said its UUID: the mark stays for this run), this_run (what the start took back not kept: the mark stays for this run), clear (all kept, the clear under way). A single series without waiting_for, 0, when the store was found intact or its mark is cleared. Till it clears every restart reads the store as lost.",
+    "1 for each thing the lost mark of a config store found lost at this start still waits for, by waiting_for: gpu_uuid (with gpu: a GPU whose UUID was unknown at the start, not said since), cooling_phase (the CDU's word, or the phase it decided not yet handed to the flash), gpu_record (with gpu: its records not kept, its limits when it said its UUID or its health state: the mark stays for this run), this_run (what the start took back not kept: the mark stays for this run), clear (all kept, the clear under way). A single series without waiting_for, 0, when the store was found intact or its mark is cleared. Till it clears every restart reads the store as lost.",
 );
 const LEASES: Metric = Metric::gauge(
     "loopwarden_leases_active",

@@ -78,8 +78,9 @@ impl Agents {
             _watches: watches,
         };
         agents.connected().await?;
-        // An agent may hand its bus over and end right after (its console
-        // or its flash recorder failing): none is left out unnoticed.
+        // An agent that fails at its start hands no bus (its console bound
+        // and its recorder started first), seen above; one that ended
+        // since it handed its bus over (a panic) is not left out either.
         let ended = finished(&agents.tasks);
         if !ended.is_empty() {
             return Err(FleetError::Start(format!(

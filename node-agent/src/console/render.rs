@@ -236,9 +236,6 @@ fn warning_rows(v: &Value) -> Vec<(&'static str, String)> {
     rows
 }
 
-/// The config store found lost at this start, its lost mark standing
-/// (`config_lost`): what its clear waits for, or why it stays for the
-/// run; till it clears, every restart reads the store as lost.
 /// A GPU's stale indexes: what its quarantine actions left under them.
 fn stale_index_line(stale: &Value) -> String {
     let gpu = s(&stale["gpu"]);
@@ -258,6 +255,9 @@ fn stale_index_line(stale: &Value) -> String {
     )
 }
 
+/// The config store found lost at this start, its lost mark standing
+/// (`config_lost`): what its clear waits for, or why it stays for the
+/// run; till it clears, every restart reads the store as lost.
 fn config_lost_line(c: &Value) -> String {
     let list =
         |k: &str| -> Vec<String> { (c[k].as_array().into_iter().flatten()).map(s).collect() };

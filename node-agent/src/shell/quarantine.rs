@@ -247,8 +247,8 @@ pub(super) fn payload_of(
 /// writes it under the identity's key, then removes it: a power cut at
 /// any point leaves records the next start moves to the right GPU.
 ///
-/// It blocks for the flash's reads and writes (once, at the start): the
-/// store's writes are not futures an agent's task may hold (not `Send`).
+/// It blocks for the flash's reads and writes, once, at the start,
+/// before anything else is read or the loop runs.
 pub(super) fn upgrade_kept(store: &mut ConfigStore<Flash>, uuids: &[&str]) {
     futures::executor::block_on(upgrade(store, uuids));
 }
