@@ -163,13 +163,51 @@ pub trait SerialAgent: Send + Sync + 'static {
 /// own events first; records are dropped only past
 /// [`AUDIT_ROOM`](loopwarden_store::recorder::AUDIT_ROOM) more jobs,
 /// never into the room kept for critical events.
+/// A record it does not take is said as an error, with its JSON (which
+/// names its port): the first of a burst whole, the rest counted.
 pub fn flash_journal(
     recorder: loopwarden_store::recorder::Recorder,
 ) -> impl Fn(Record) + Send + Sync {
-    // Past AUDIT_ROOM the recorder counts and says what it dropped.
+    let kind = record::CONSOLE_RECORD;
+    journal(
+        move |body| recorder.append_kept(loopwarden_bus::now_ms(), kind, body),
+        |line| tracing::error!("{line}"),
+    )
+}
+
+/// The journal that hands each record's body to `keep` (the flash log),
+/// and says through `say` what it did not take: the first record of a
+/// burst whole, with a count each 1,000th; the burst's count when one is
+/// taken again.
+fn journal(
+    keep: impl Fn(Vec<u8>) -> bool + Send + Sync,
+    say: impl Fn(String) + Send + Sync,
+) -> impl Fn(Record) + Send + Sync {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // Records not taken in a row.
+    let lost = AtomicU64::new(0);
     move |r| {
-        let kind = record::CONSOLE_RECORD;
-        let _ = recorder.append_kept(loopwarden_bus::now_ms(), kind, r.encode());
+        let body = r.encode();
+        if keep(body.clone()) {
+            let n = lost.swap(0, Ordering::Relaxed);
+            if n > 1 {
+                say(format!(
+                    "serial console {}: {n} audit records in a row were not kept in the flash \
+                     event log (its queue full; the first said above); records are kept again",
+                    r.port
+                ));
+            }
+        } else {
+            let n = lost.fetch_add(1, Ordering::Relaxed) + 1;
+            if n == 1 || n % 1000 == 0 {
+                say(format!(
+                    "serial console {}: an audit record not kept in the flash event log \
+                     (its queue full; {n} in a row): {}",
+                    r.port,
+                    String::from_utf8_lossy(&body)
+                ));
+            }
+        }
     }
 }
 

@@ -700,3 +700,4 @@ async fn a_command_line_is_refused_answered_or_an_error_as_ctl_prints_it() {
 }
 
 mod slow_line;
+mod unkept;
