@@ -14,6 +14,7 @@
 
 use std::format;
 use std::string::{String, ToString};
+use std::vec::Vec;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -162,7 +163,7 @@ fn refusal(s: &str, e: serde_json::Error) -> JsonError {
     let Some(body) = value.get("body") else {
         return JsonError::Invalid(e);
     };
-    let Some((what, name, field)) = find_name(body, "body".to_string(), &said) else {
+    let Some((what, name, field)) = find_name(body, &said) else {
         return JsonError::Invalid(e);
     };
     JsonError::UnknownName {
@@ -190,30 +191,72 @@ const NAME_FIELDS: [(&str, &str, Knows); 4] = [
     }),
 ];
 
-/// The first name in `v` (at path `at`) that serde_json `said` it does not
-/// know, in a field of [`NAME_FIELDS`] whose parser refuses it: what it is,
-/// the name and its field. A name elsewhere (a sentence of evidence), or
-/// one its own field knows, is not it.
-fn find_name(
-    v: &serde_json::Value,
-    at: String,
-    said: &str,
-) -> Option<(&'static str, String, String)> {
+/// One step of the path from the body to a field.
+enum Step<'v> {
+    /// Into an object's field.
+    Key(&'v str),
+    /// Into a list's item.
+    Index(usize),
+}
+
+/// An unknown name found: what it is, the name, and the steps to its
+/// field, innermost first (pushed on the way back up).
+struct Found<'v> {
+    what: &'static str,
+    name: &'v str,
+    steps: Vec<Step<'v>>,
+}
+
+impl Found<'_> {
+    /// The field's path from `root`: `body.gpus[0].flags`.
+    fn field(&self, root: &str) -> String {
+        let mut at = root.to_string();
+        for step in self.steps.iter().rev() {
+            match step {
+                Step::Key(k) => {
+                    at.push('.');
+                    at.push_str(k);
+                }
+                Step::Index(i) => at.push_str(&format!("[{i}]")),
+            }
+        }
+        at
+    }
+}
+
+/// The first name in `v` that serde_json `said` it does not know, in a
+/// field of [`NAME_FIELDS`] whose parser refuses it: what it is, the name
+/// and its field. A name elsewhere (a sentence of evidence), or one its own
+/// field knows, is not it. The path is built once, from the field found
+/// back up: the walk visits each value once and copies no path on the way
+/// down, so a long key over many items costs in proportion to the body.
+fn find_name(body: &serde_json::Value, said: &str) -> Option<(&'static str, String, String)> {
+    let found = find_in(body, said)?;
+    Some((found.what, found.name.to_string(), found.field("body")))
+}
+
+fn find_in<'v>(v: &'v serde_json::Value, said: &str) -> Option<Found<'v>> {
     use serde_json::Value;
-    match v {
+    let (step, mut found) = match v {
         Value::Array(items) => items
             .iter()
             .enumerate()
-            .find_map(|(i, item)| find_name(item, format!("{at}[{i}]"), said)),
+            .find_map(|(i, item)| Some((Step::Index(i), find_in(item, said)?))),
         Value::Object(map) => map.iter().find_map(|(k, item)| {
-            let field = format!("{at}.{k}");
-            match refused_in(k, item, said) {
-                Some((what, name)) => Some((what, name.to_string(), field)),
-                None => find_name(item, field, said),
-            }
+            let found = match refused_in(k, item, said) {
+                Some((what, name)) => Found {
+                    what,
+                    name,
+                    steps: Vec::new(),
+                },
+                None => find_in(item, said)?,
+            };
+            Some((Step::Key(k.as_str()), found))
         }),
         _ => None,
-    }
+    }?;
+    found.steps.push(step);
+    Some(found)
 }
 
 /// The name in `v`, the value of field `key`, that `key`'s parser refuses
