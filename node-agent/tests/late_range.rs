@@ -24,9 +24,13 @@ use rig::{lease, limits, Rig};
 /// NVML's lowest limit of the GPU identified late (the board's is 200 W).
 const LOWEST: Watts = Watts(300);
 
+/// NVML's default limit of the GPU identified late (the board's `tdp_w`
+/// is 700 W).
+const LATE_DEFAULT: Watts = Watts(650);
+
 /// Twin GPUs of which GPU 1 fails its first description (a driver still
 /// loading at the start) and then describes itself with [`LOWEST`] as its
-/// lowest limit. Its sets are the twin's: the agent alone keeps a cap
+/// lowest limit and [`LATE_DEFAULT`] as its default. Its sets are the twin's: the agent alone keeps a cap
 /// within that range.
 struct LateSource(node_agent::sim_gpus::TwinSource);
 
@@ -46,7 +50,7 @@ impl GpuSource for LateSource {
 }
 
 /// A GPU whose first description fails when `.1`, and whose lowest limit
-/// is [`LOWEST`] when `.2`.
+/// is [`LOWEST`] (its default [`LATE_DEFAULT`]) when `.2`.
 struct LateGpu(Box<dyn GpuDevice>, bool, bool);
 
 impl GpuDevice for LateGpu {
@@ -58,6 +62,7 @@ impl GpuDevice for LateGpu {
         Ok(match self.2 {
             true => GpuInfo {
                 min_limit: LOWEST,
+                default_limit: LATE_DEFAULT,
                 ..info
             },
             false => info,
@@ -103,12 +108,18 @@ fn a_gpu_identified_late_takes_the_range_its_description_gives() {
     }
     assert_eq!(caps["gpus"][1]["min"], LOWEST.0, "{caps}");
     assert_eq!(caps["gpus"][0]["min"], 200, "{caps}");
-    // Its default limit is the one its late description gave (none was
-    // read at the start: the board's stood in, not shown as its own).
-    let tdp = board.power.tdp_w.0;
-    assert_eq!(caps["gpus"][1]["default"], tdp, "{caps}");
+    // Its default limit shown is the one its late description gave (none
+    // was read at the start: the board's stood in, not shown as its own).
+    // Decisions never take it: its ceiling is the limit found on it (the
+    // twin's 700 W), not NVML's default, late or not.
+    assert_eq!(caps["gpus"][1]["default"], LATE_DEFAULT.0, "{caps}");
+    assert_eq!(caps["gpus"][1]["ceiling"], 700, "{caps}");
+    // Nor is it the highest cap taken: 680 W, above it, is set as asked.
+    let ack = rig.ack(&mut sub, &lease(1, 1, &[(GpuSelector::All, 680)], 60_000));
+    assert_eq!(ack.code, AckCode::Ok, "{}", ack.detail.as_str());
+    assert_eq!(limits(&ack), vec![680, 680]);
 
-    let ack = rig.ack(&mut sub, &lease(1, 1, &[(GpuSelector::All, 250)], 60_000));
+    let ack = rig.ack(&mut sub, &lease(2, 2, &[(GpuSelector::All, 250)], 60_000));
     assert_eq!(ack.code, AckCode::Clamped, "{}", ack.detail.as_str());
     assert_eq!(
         ack.detail.as_str(),

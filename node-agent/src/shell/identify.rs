@@ -130,6 +130,10 @@ impl Agent {
     async fn identified(&mut self, gpu: u8, info: GpuInfo) {
         let range = range_of(&info, &self.config);
         let g = &mut self.gpus[gpu as usize];
+        // Its late default is shown, never given to the node: the node's
+        // default (the board's `tdp_w`) is only the ceiling of a GPU
+        // never read, which is not set until a read, and a higher late
+        // default would raise it.
         take_limits(&mut g.info, &info);
         g.info.uuid = info.uuid;
         g.info.name = info.name;
