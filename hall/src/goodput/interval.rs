@@ -44,8 +44,7 @@ impl IntervalAdvice {
     /// trials it reruns under reactive handling) against the run's own
     /// interval or the runner-up. None with fewer than two points.
     pub fn of(i: &Inputs, points: &[Point]) -> Result<Option<IntervalAdvice>, String> {
-        let mut ranked: Vec<&Point> = points.iter().collect();
-        ranked.sort_by(|a, b| b.ett[0].total_cmp(&a.ett[0]));
+        let ranked = ranked(points);
         let (Some(best), Some(runner_up)) = (ranked.first(), ranked.get(1)) else {
             return Ok(None);
         };
@@ -95,6 +94,15 @@ impl IntervalAdvice {
             d.trials
         )
     }
+}
+
+/// The checkpoint sweep's points, best first: highest ETT under reactive
+/// handling, the first swept of equals first. The report's best and the
+/// advice's are both the first of these, so a tie cannot part them.
+pub fn ranked(points: &[Point]) -> Vec<&Point> {
+    let mut ranked: Vec<&Point> = points.iter().collect();
+    ranked.sort_by(|a, b| b.ett[0].total_cmp(&a.ett[0]));
+    ranked
 }
 
 /// Each trial's ETT under reactive handling with checkpoints every
@@ -247,5 +255,24 @@ mod tests {
             .expect("the checkpoint advice");
         assert!(para.ends_with(&a.sentence()), "{para}");
         assert!(para.contains("paired over the same 10 trials"), "{para}");
+    }
+
+    #[test]
+    fn on_a_tie_the_report_names_the_best_the_advice_pairs() {
+        let mut s = Study::compute(inputs(15.0)).unwrap();
+        assert!(s.checkpoint.len() >= 2, "a sweep of several intervals");
+        // Every interval swept equally good: the first of them is the best.
+        for p in &mut s.checkpoint {
+            p.ett[0] = 0.9;
+        }
+        s.checkpoint_advice = IntervalAdvice::of(&s.inputs, &s.checkpoint).unwrap();
+        let a = s.checkpoint_advice.as_ref().expect("the advice");
+        assert_eq!(a.best_min, s.checkpoint[0].x);
+        let md = markdown(&s, &[]);
+        let want = format!(
+            "The best swept for reactive handling is {} min",
+            num(a.best_min)
+        );
+        assert!(md.contains(&want), "{want}\n{md}");
     }
 }

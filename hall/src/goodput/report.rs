@@ -503,11 +503,8 @@ fn choosing(md: &mut String, s: &Study) {
     let per_day = mix.rate_per_gpu_day * f64::from(j.gpus);
     let mtbf_s = 86_400.0 / per_day.max(f64::MIN_POSITIVE);
     let young_min = (2.0 * j.checkpoint_write_s * mtbf_s).sqrt() / 60.0;
-    let best = s
-        .checkpoint
-        .iter()
-        .max_by(|a, b| a.ett[0].total_cmp(&b.ett[0]));
-    if let Some(best) = best {
+    // As the advice ranks them: on a tie, the same interval.
+    if let Some(best) = super::interval::ranked(&s.checkpoint).first() {
         let _ = writeln!(
             md,
             "**Choosing the checkpoint interval.** The best swept for reactive handling is {} min \
