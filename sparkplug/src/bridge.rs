@@ -12,7 +12,7 @@
 //!   before that is dead now (its DDEATH may have been a dropped publish);
 //!   one whose death a round said (that DDEATH not dropped) is forgotten at a
 //!   round once unheard for [`PACE_MAX_MS`] (a site's churn does not
-//!   grow every round);
+//!   grow every round), its pace kept for when it is heard again;
 //! - a device is born when first heard with a measurement; its telemetry,
 //!   health or state then gives DDATA with the metrics that changed; a
 //!   host whose GPUs change is born again; `online: false` gives DDEATH,
@@ -69,6 +69,7 @@ use loopwarden_protocol::{Family, Frame, Ident, Message, Role, Topic};
 
 mod devices;
 mod node;
+mod paces;
 mod rebirth;
 
 use crate::device::{measured_at, View};
@@ -76,6 +77,7 @@ use crate::payload::{self, DataType, Point, Value};
 use devices::{fields_past_any, notice_refused, refusal, Device, Heard};
 pub use devices::{CONTROLLER_SILENT_AFTER_MS, GPU_POWER_MAX_W, PACE_MAX_MS};
 use node::{point, Counters};
+use paces::Paces;
 
 /// The metric a host sets to ask for every birth again.
 pub const REBIRTH: &str = "Node Control/Rebirth";
@@ -210,6 +212,9 @@ pub struct BridgeConfig {
     pub host_silent_after_ms: u64,
     /// The same for a CDU, ms.
     pub cdu_silent_after_ms: u64,
+    /// The most CDUs and hosts the site has (`--max-devices`): as many
+    /// forgotten devices' paces are kept, for when they are heard again.
+    pub max_devices: usize,
 }
 
 /// The Sparkplug message types the bridge publishes.
@@ -307,6 +312,8 @@ pub struct Bridge {
     /// NBIRTH went out on the connection in use.
     session: bool,
     devices: BTreeMap<Ident, Device>,
+    /// The paces of devices forgotten.
+    paces: Paces,
     counters: Counters,
     /// The node metrics last published, and when (monotonic).
     node_published: Vec<Point>,
@@ -333,6 +340,7 @@ impl Bridge {
     /// A bridge that has not connected yet.
     pub fn new(config: BridgeConfig) -> Self {
         Self {
+            paces: Paces::new(config.max_devices),
             config,
             bd_seq: None,
             seq: 0,
@@ -625,8 +633,9 @@ impl Bridge {
             return Vec::new();
         }
         let id = topic.node.clone();
-        let device =
-            (self.devices.entry(id.clone())).or_insert_with(|| Device::new(topic.role, at.mono));
+        let paces = &mut self.paces;
+        let device = (self.devices.entry(id.clone()))
+            .or_insert_with(|| Device::new(topic.role, at.mono).with_pace(paces.take(&id)));
         if device.role != topic.role {
             // A host and a CDU may not share an id in one site: the first
             // one heard keeps it, and the clash is said once.

@@ -73,7 +73,7 @@ pub struct Cli {
     pub cdu_silent_after: u64,
     /// The most CDUs and hosts the site has: the Sparkplug client's
     /// queue holds a round of births for that many (a larger site is
-    /// warned of).
+    /// warned of), and as many devices forgotten keep their pace.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_devices: u64,
 }
@@ -141,6 +141,7 @@ impl Cli {
                 ndata_every_ms: self.ndata_every * 1000,
                 host_silent_after_ms: self.host_silent_after * 1000,
                 cdu_silent_after_ms: self.cdu_silent_after * 1000,
+                max_devices: self.max_devices as usize,
             },
             max_devices: self.max_devices as usize,
         })

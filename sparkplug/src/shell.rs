@@ -816,6 +816,7 @@ mod tests {
             ndata_every_ms: 10_000,
             host_silent_after_ms: 10_000,
             cdu_silent_after_ms: 10_000,
+            max_devices: 2_000,
         });
         core.connecting(T);
         core.step(T, Input::Connected);

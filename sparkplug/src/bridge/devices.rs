@@ -252,7 +252,8 @@ impl Bridge {
     /// said already (that DDEATH not dropped), and unheard for
     /// [`PACE_MAX_MS`] (what is known of its pace no longer counts) is
     /// forgotten instead: a site's churn does not grow every round past
-    /// the queue sized for its devices. Heard again, it is a new device.
+    /// the queue sized for its devices. Heard again, it is a new device
+    /// with the pace it had (see [`super::paces`]).
     pub(super) fn deaths_to_say(&mut self, now: u64, dead: Vec<Ident>) -> Vec<Ident> {
         let mut say = Vec::with_capacity(dead.len());
         for id in dead {
@@ -260,7 +261,9 @@ impl Bridge {
                 continue;
             };
             if d.death_said && now.saturating_sub(d.last_heard) >= PACE_MAX_MS {
+                let pace = d.pace();
                 self.devices.remove(&id);
+                self.paces.keep(id, pace);
             } else {
                 d.death_said = true;
                 say.push(id);

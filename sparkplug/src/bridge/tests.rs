@@ -19,6 +19,7 @@ pub(super) fn bridge() -> Bridge {
         ndata_every_ms: 10_000,
         host_silent_after_ms: SILENT_AFTER_MS,
         cdu_silent_after_ms: SILENT_AFTER_MS,
+        max_devices: 2_000,
     })
 }
 
@@ -120,6 +121,7 @@ fn the_largest_births_fit_the_loopwarden_brokers_packet_limit() {
         ndata_every_ms: 10_000,
         host_silent_after_ms: SILENT_AFTER_MS,
         cdu_silent_after_ms: SILENT_AFTER_MS,
+        max_devices: 2_000,
     });
     let host: String = long('h');
     let gpus = loopwarden_protocol::MAX_GPUS as u8;

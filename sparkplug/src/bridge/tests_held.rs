@@ -153,6 +153,34 @@ fn a_clean_stop_and_start_keeps_a_known_pace() {
 }
 
 #[test]
+fn a_forgotten_device_keeps_its_pace_when_heard_again() {
+    let mut b = bridge();
+    connected(&mut b);
+    // A sample every 30 s: its pace learned (no tick until it is).
+    for s in [0, 30_000, 60_000] {
+        b.step(T + s, host_telemetry("h07", 61));
+    }
+    b.step(T + 61_000, online(Role::Host, "h07", false));
+    let t = T + 62_000;
+    let out = b.step(t, Input::Command(rebirth_command()));
+    assert_eq!(kinds(&out)[1], (Kind::DDeath, Some("h07")));
+    // Away past the pace window: the next round forgets it.
+    let later = t + PACE_MAX_MS + 1_000;
+    b.step(later, Input::Command(rebirth_command()));
+    assert_eq!(b.devices(), 0, "forgotten");
+    b.step(later + 1_000, online(Role::Host, "h07", true));
+    let out = b.step(later + 1_000, host_telemetry("h07", 62));
+    assert_eq!(kinds(&out), [(Kind::DBirth, Some("h07"))]);
+    // Its 30 s pace holds: not dead 15 s after that sample.
+    let out = b.step(later + 16_000, Input::Tick);
+    assert!(
+        !kinds(&out).contains(&(Kind::DDeath, Some("h07"))),
+        "{:?}",
+        kinds(&out)
+    );
+}
+
+#[test]
 fn silence_is_timed_on_the_monotonic_clock_whatever_the_wall_clock_does() {
     const HOUR: u64 = 3_600_000;
     let at = |wall: u64, mono: u64| Now { wall, mono };
