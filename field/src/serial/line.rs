@@ -6,8 +6,8 @@
 //! editor echoes what it keeps. It keeps printable ASCII only: any other
 //! byte (a control byte, a byte of 8 bits, line noise) is dropped, and so
 //! is an escape sequence (an arrow key, a function key, a burst of noise
-//! that starts with ESC); a control byte inside one ends it and is
-//! carried out (ECMA-48). CR, LF and CR LF each end a line; backspace and
+//! that starts with ESC); a control byte (or DEL, Backspace on PuTTY and
+//! xterm) inside one ends it and is carried out (ECMA-48). CR, LF and CR LF each end a line; backspace and
 //! DEL erase a character; Ctrl-U erases the line; Ctrl-C abandons it. A
 //! line longer than [`MAX_LINE`] is kept out: it ends as [`Edit::TooLong`]
 //! and nothing of it is acted on.
@@ -17,7 +17,7 @@
 //! - *hidden*: a line that is not echoed (a password).
 //! - *escape sequence*: ESC, then `[` or `O` and the bytes of a control
 //!   sequence up to its final byte (ECMA-48), or ESC and one byte; a
-//!   control byte (below 0x20) ends it early.
+//!   control byte (below 0x20) or DEL ends it early.
 
 /// The longest line kept, in characters.
 pub const MAX_LINE: usize = 200;
@@ -148,9 +148,10 @@ impl LineEditor {
     /// Whether `byte` belongs to an escape sequence (and is dropped). A
     /// control byte (below 0x20: Enter, Ctrl-C, Ctrl-U, Backspace, ESC)
     /// ends the sequence and is carried out, as ECMA-48 has it: an ESC
-    /// typed by mistake never swallows the Enter after it.
+    /// typed by mistake never swallows the Enter after it. So does DEL,
+    /// the Backspace key of PuTTY and xterm (never part of a sequence).
     fn in_escape(&mut self, byte: u8) -> bool {
-        if byte < 0x20 {
+        if byte < 0x20 || byte == DEL {
             self.escape = Escape::No;
             return false;
         }
@@ -283,6 +284,18 @@ mod tests {
         // Backspace and Ctrl-U too; ESC in a sequence starts a new one.
         let (_, edits) = type_in(&mut e, b"ab\x1b\x08\x1b[1\x15ok\x1b[\x1b[Ax\r");
         assert_eq!(edits, [line("okx")]);
+    }
+
+    /// Backspace as PuTTY and xterm send it (DEL, 0x7F) after a stray
+    /// Esc, or inside `ESC [`, erases as it does anywhere else.
+    #[test]
+    fn backspace_sent_as_del_inside_an_escape_sequence_still_erases() {
+        let mut e = LineEditor::new();
+        let (echo, edits) = type_in(&mut e, b"ab\x1b\x7f\r");
+        assert_eq!(edits, [line("a")]);
+        assert_eq!(echo, "ab\x08 \x08\r\n");
+        let (_, edits) = type_in(&mut e, b"ab\x1b[1\x7f\r");
+        assert_eq!(edits, [line("a")]);
     }
 
     #[test]
