@@ -485,11 +485,11 @@ impl HealthEngine {
     /// apart; past it, its start moves forward by the time not known, so
     /// a long gap of failed reads, whose counts the next read spreads
     /// evenly over it, does not count towards the sustain. A PCIe streak
-    /// ends only once both counts of the 2 minutes are down to the limit:
-    /// over exactly the 2 minutes (interpolated start, fraction dropped)
-    /// and between reads at least the 2 minutes apart, over the time
-    /// between them, so a steady rate from 8.5/min up is detected at any
-    /// read interval. The PCIe 2
+    /// ends only once the count over exactly the 2 minutes (interpolated
+    /// start), its fraction kept, is down to the limit, so a steady rate
+    /// from 8.5/min up is detected at any read interval, and replays in
+    /// bursts below the limit, whose exact 2 minutes fall to the limit
+    /// between bursts, are never degraded. The PCIe 2
     /// minutes are judged on whole replays, and the
     /// GPU is degraded only while they are above the limit: a steady rate
     /// at or below the limit, whose interpolated minute can read up to one
@@ -513,19 +513,14 @@ impl HealthEngine {
         );
         tr.pcie.take(t, pcie, p.pcie_sustain_ms.max(60_000));
         let pcie_min = tr.pcie.window.interpolated(60_000);
-        let pcie_sustained = tr.pcie.window.interpolated(p.pcie_sustain_ms).floor();
+        let pcie_exact = tr.pcie.window.interpolated(p.pcie_sustain_ms);
+        let pcie_sustained = pcie_exact.floor();
         let pcie_over = pcie_sustained.above(p.pcie_sustain_ms, p.pcie_replays_per_min, 60_000);
-        // The streak ends only once neither count is over the limit: the
-        // whole replays over exactly the sustain (interpolated start, its
-        // fraction dropped), nor those between reads at least the sustain
-        // apart over the time between them. The first alone dropped a
-        // replay at some reads of a steady 8.5/min; the second alone
-        // spreads a burst over more than the sustain.
-        let pcie_held = tr.pcie.window.increase_over(p.pcie_sustain_ms).above(
-            p.pcie_sustain_ms,
-            p.pcie_replays_per_min,
-            60_000,
-        );
+        // The streak ends only once the replays over exactly the sustain
+        // (interpolated start) are down to the limit with their fraction
+        // kept: the whole count alone dropped a replay at some reads of a
+        // steady 8.5/min and ended the streak there.
+        let pcie_held = pcie_exact.above(p.pcie_sustain_ms, p.pcie_replays_per_min, 60_000);
         let sbe = Read::of(o.sbe_volatile, !o.unknown.contains(Unsupported::ECC), false);
         tr.sbe.take(t, sbe, 60_000);
         let sbe_min = tr.sbe.window.increase_over(60_000);
@@ -543,7 +538,7 @@ impl HealthEngine {
             t,
             pcie,
             pcie_min.above(60_000, p.pcie_replays_per_min, 60_000),
-            !(pcie_over || pcie_held),
+            !pcie_held,
         );
         let sbe_for = tr
             .sbe
