@@ -36,7 +36,7 @@ const COLUMNS: [(&str, &str, i32); 14] = [
 
 /// How far a played scenario's kWh per work-GPU-hour may lie from
 /// `simulate`'s, as a share of it: the scenarios played through the real
-/// shell came within 0.01 % of it.
+/// shell came within 0.05 % of it (docs/twin.md).
 const PLAYED_VS_SIMULATE: f64 = 0.002;
 
 fn doc() -> String {
