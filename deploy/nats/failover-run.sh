@@ -27,7 +27,8 @@
 #                    last delivered stream/consumer sequence S/C (for a
 #                    consumer that matches every message, S - C is what
 #                    it stepped over less what it delivered again)
-#   summary.txt      the figures, and how many stream messages the
+#   summary.txt      the figures, the agents and controllers that ended
+#                    before told to stop, and how many stream messages the
 #                    observer's consumer stepped over (consumers.txt)
 #
 # Settings (environment):
@@ -232,6 +233,7 @@ fi
   echo "shape: $hosts hosts, $cdus CDUs, $duration s; node $kill_node SIGKILLed at $kill_at s, started at $restart_at s; observer on node $observer_node"
   echo "server: $("${NATS_SERVER:-nats-server}" --version 2>/dev/null || echo '?')"
   jq -r '"events acked \(.events_acked), not delivered by the broker \(.qos1_events_lost), repaired \(.events_repaired), lost after repair \(.events_lost_after_repair) (resend requests \(.resend_requests), frames resent \(.resent_received)); sequence gaps \(.seq_gaps); frames published \(.frames_published), received \(.frames_received), lost \(.frames_lost); QoS 1 not received \(.qos1_not_received); duplicates \(.duplicates); connections lost (agents, controllers, observer) \(.connection_errors)"' "$out/report.json" 2>/dev/null || echo "no report (see fleet.log)"
+  jq -r 'def said: if length == 0 then "none" else join(" ") end; "ended before told to stop: agents \(.agents_ended_early | said), controllers \(.controllers_ended_early | said)"' "$out/report.json" 2>/dev/null || true
   missing="$(grep -o "host [^ ]*'s event, frame [0-9]*" "$out/fleet.log" | sed "s/host \([^ ]*\)'s event, frame /\1 /" || true)"
   if [[ -n "$missing" ]]; then
     echo "acknowledged, never received by the observer nor resent (first 20):"

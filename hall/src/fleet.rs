@@ -164,6 +164,19 @@ fn start_err(e: impl std::fmt::Display) -> FleetError {
 /// Runs the fleet and measures it.
 pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
     let layouts = layout::plan(cfg.hosts, cfg.cdus).map_err(FleetError::Refused)?;
+    refuse_flags(cfg)?;
+    let plan = cfg.fault_plan(&layouts);
+    raise_open_files(cfg.hosts)?;
+    let (out, temporary) = out_folder(cfg, &layouts, &std::env::temp_dir())?;
+    let measured = run_in(cfg, &layouts, &plan, &out);
+    if temporary {
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    measured
+}
+
+/// Refuses flags that cannot make a run, naming them.
+fn refuse_flags(cfg: &FleetConfig) -> Result<(), FleetError> {
     if cfg.duration_s == 0 || cfg.agent_threads == 0 {
         return Err(FleetError::Refused(
             "--duration and --agent-threads must be at least 1".into(),
@@ -189,20 +202,32 @@ pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
              --broker too, or neither"
         )));
     }
-    refuse_faults(cfg)?;
-    let plan = cfg.fault_plan(&layouts);
-    // Per agent: its two bus sockets, the main one and the presence one
-    // (and the broker's ends when embedded), its flash file and its
-    // console socket.
-    let want = 6 * cfg.hosts as libc::rlim_t + 256;
+    refuse_faults(cfg)
+}
+
+/// Raises the open-file limit for `hosts` agents, or refuses the run
+/// where the hard limit is too low. Per agent: its two bus sockets, the
+/// main one and the presence one (and the broker's ends when embedded),
+/// its flash file and its console socket.
+fn raise_open_files(hosts: usize) -> Result<(), FleetError> {
+    let want = 6 * hosts as libc::rlim_t + 256;
     let nofile = procstat::raise_nofile(want);
     if nofile < want {
         return Err(FleetError::Refused(format!(
-            "{} hosts need about {want} open files; the limit is {nofile} (raise `ulimit -Hn`)",
-            cfg.hosts
+            "{hosts} hosts need about {want} open files; the limit is {nofile} (raise `ulimit -Hn`)"
         )));
     }
-    let (out, temporary) = out_folder(cfg, &layouts, &std::env::temp_dir())?;
+    Ok(())
+}
+
+/// Runs the fleet with the agents' files in `out`: the brokers, the
+/// observer, the parts (`run_parts`), the wait for the last messages.
+fn run_in(
+    cfg: &FleetConfig,
+    layouts: &[CduLayout],
+    plan: &layout::FaultPlan,
+    out: &std::path::Path,
+) -> Result<FleetReport, FleetError> {
     let broker = Brokers::start(cfg)?;
     let observer =
         observer::Observer::start(&broker.observer, &broker.site).map_err(FleetError::Start)?;
@@ -222,17 +247,22 @@ pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
         .map_err(start_err)?;
     let ran = main_rt.block_on(run_parts(
         cfg,
-        &layouts,
-        &plan,
+        layouts,
+        plan,
         &broker,
-        &out,
+        out,
         agents_rt.handle(),
         &observer,
-    ));
-    if temporary {
-        let _ = std::fs::remove_dir_all(&out);
-    }
-    let ran = ran?;
+    ))?;
+    let heard = hear_the_last(observer, &ran);
+    agents_rt.shutdown_timeout(Duration::from_secs(5));
+    main_rt.shutdown_timeout(Duration::from_secs(5));
+    Ok(ran.report(cfg, layouts, plan, &broker, &heard))
+}
+
+/// Waits for the last messages of the run, names on stderr the
+/// acknowledged events still missing, and stops the observer.
+fn hear_the_last(observer: observer::Observer, ran: &Ran) -> observer::Heard {
     let published = ran.published();
     let missing = |h: &observer::Heard| figures::unrepaired_events(&ran.acked, h).count();
     observer.settle(
@@ -251,10 +281,7 @@ pub fn run(cfg: &FleetConfig) -> Result<FleetReport, FleetError> {
         );
     }
     observer.with(|h| say_missing(&ran.acked, h));
-    let heard = observer.stop();
-    agents_rt.shutdown_timeout(Duration::from_secs(5));
-    main_rt.shutdown_timeout(Duration::from_secs(5));
-    Ok(ran.report(cfg, &layouts, &plan, &broker, &heard))
+    observer.stop()
 }
 
 /// Refuses more faults than the fleet has room for: one GPU failed per

@@ -186,8 +186,10 @@ struct FleetArgs {
     /// its own XID watch, as on hosts of their own (for comparison).
     #[arg(long)]
     isolated_agents: bool,
-    /// Folder for the agents' flash files and console sockets [default: a
-    /// temporary one, removed at the end].
+    /// Folder for the agents' flash files and console sockets; one that
+    /// holds an earlier run's flash is refused (its quarantines would be
+    /// restored), unless --flash-in-memory [default: a new one in the
+    /// temporary folder, removed at the end].
     #[arg(long)]
     out: Option<PathBuf>,
     /// Each agent's flash in memory (as an agent without a flash file)
