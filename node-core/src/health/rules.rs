@@ -283,6 +283,24 @@ impl Rate {
         }
     }
 
+    /// A counter read every period, judged on its count over the last
+    /// minute against `limit` per `limit_span` ms: takes `read` at `t`,
+    /// and returns the minute's increase and how long its streak above
+    /// the limit has held (`None`: not above, or not known now). A streak
+    /// ends once the minute is down to the limit.
+    fn minute(
+        &mut self,
+        t: u64,
+        read: Read,
+        limit: u64,
+        limit_span: u64,
+    ) -> (Increase, Option<u64>) {
+        self.take(t, read, 60_000);
+        let minute = self.window.increase_over(60_000);
+        let on = minute.above(60_000, limit, limit_span);
+        (minute, self.judge(t, read, on, true))
+    }
+
     /// The streak at `t` after `read`: `on` and `off` as
     /// [`Streak::update`] when the counter is known, else paused
     /// ([`Streak::pause`]) and `None`.
@@ -489,7 +507,7 @@ impl HealthEngine {
     /// start), its fraction kept, is down to the limit, so a steady rate
     /// from 8.5/min up is detected at any read interval, and replays in
     /// bursts below the limit, whose exact 2 minutes fall to the limit
-    /// between bursts, are never degraded. The PCIe 2
+    /// between bursts, are not degraded when read every sample. The PCIe 2
     /// minutes are judged on whole replays, and the
     /// GPU is degraded only while they are above the limit: a steady rate
     /// at or below the limit, whose interpolated minute can read up to one
@@ -502,6 +520,30 @@ impl HealthEngine {
         o: &Observation,
         out: &mut Vec<Output>,
     ) {
+        let p = self.policy;
+        self.pcie_replay_rate(t, g, o, out);
+        let sbe = Read::of(o.sbe_volatile, !o.unknown.contains(Unsupported::ECC), false);
+        let crc = Read::of(
+            o.nvlink_crc,
+            !o.unknown.contains(Unsupported::NVLINK),
+            false,
+        );
+        let tr = &mut self.gpus[g];
+        let (sbe_min, sbe_for) = tr.sbe.minute(t, sbe, p.sbe_per_min, 60_000);
+        let (crc_min, crc_for) = tr.crc.minute(t, crc, p.nvlink_crc_per_s, 1_000);
+        let sbe_held = (sbe_for, p.sbe_sustain_ms);
+        let sbe_rate = (ReasonCode::SBE_RATE_RISING, "corrected ECC errors");
+        self.raise_rate(t, g, sbe_rate, sbe_min, sbe_held, out);
+        let crc_held = (crc_for, p.nvlink_crc_sustain_ms);
+        let crc_rate = (ReasonCode::NVLINK_ERRORS, "NVLink CRC errors");
+        self.raise_rate(t, g, crc_rate, crc_min, crc_held, out);
+    }
+
+    /// The PCIe replay rate ([`HealthEngine::sustained_rates`]): its
+    /// window takes the sample's read, its streak is judged, and the GPU
+    /// is degraded once more than the limit's whole replays over exactly
+    /// the sustain have held for it.
+    fn pcie_replay_rate(&mut self, t: u64, g: usize, o: &Observation, out: &mut Vec<Output>) {
         let p = self.policy;
         let when = At(self.stamp(t));
         let tr = &mut self.gpus[g];
@@ -521,16 +563,6 @@ impl HealthEngine {
         // kept: the whole count alone dropped a replay at some reads of a
         // steady 8.5/min and ended the streak there.
         let pcie_held = pcie_exact.above(p.pcie_sustain_ms, p.pcie_replays_per_min, 60_000);
-        let sbe = Read::of(o.sbe_volatile, !o.unknown.contains(Unsupported::ECC), false);
-        tr.sbe.take(t, sbe, 60_000);
-        let sbe_min = tr.sbe.window.increase_over(60_000);
-        let crc = Read::of(
-            o.nvlink_crc,
-            !o.unknown.contains(Unsupported::NVLINK),
-            false,
-        );
-        tr.crc.take(t, crc, 60_000);
-        let crc_min = tr.crc.window.increase_over(60_000);
         // A sample that does not know the counter neither starts, ends
         // nor lengthens the streak (paused over the time not known): it
         // is judged again at the next read.
@@ -539,15 +571,6 @@ impl HealthEngine {
             pcie,
             pcie_min.above(60_000, p.pcie_replays_per_min, 60_000),
             !pcie_held,
-        );
-        let sbe_for = tr
-            .sbe
-            .judge(t, sbe, sbe_min.above(60_000, p.sbe_per_min, 60_000), true);
-        let crc_for = tr.crc.judge(
-            t,
-            crc,
-            crc_min.above(60_000, p.nvlink_crc_per_s, 1_000),
-            true,
         );
         if pcie_over && pcie_for.is_some_and(|d| d >= p.pcie_sustain_ms) {
             let per = format!("{} min", p.pcie_sustain_ms / 60_000);
@@ -567,35 +590,27 @@ impl HealthEngine {
                 out,
             );
         }
-        if sbe_for.is_some_and(|d| d >= p.sbe_sustain_ms) {
-            self.raise(
-                t,
-                g,
-                HealthState::Degraded,
-                ReasonCode::SBE_RATE_RISING,
-                || {
-                    format!(
-                        "corrected ECC errors {} at {when}",
-                        sbe_min.words(60_000, "min")
-                    )
-                },
-                out,
-            );
+    }
+
+    /// Degrades `g` for a rate's reason once its count over the minute
+    /// has held above the limit for its sustain: `held` is how long it
+    /// has held now (if it does) and the sustain; the evidence names
+    /// what is counted and the minute's count.
+    fn raise_rate(
+        &mut self,
+        t: u64,
+        g: usize,
+        (reason, what): (ReasonCode, &str),
+        minute: Increase,
+        held: (Option<u64>, u64),
+        out: &mut Vec<Output>,
+    ) {
+        let (held_for, sustain) = held;
+        if held_for.is_none_or(|d| d < sustain) {
+            return;
         }
-        if crc_for.is_some_and(|d| d >= p.nvlink_crc_sustain_ms) {
-            self.raise(
-                t,
-                g,
-                HealthState::Degraded,
-                ReasonCode::NVLINK_ERRORS,
-                || {
-                    format!(
-                        "NVLink CRC errors {} at {when}",
-                        crc_min.words(60_000, "min")
-                    )
-                },
-                out,
-            );
-        }
+        let when = At(self.stamp(t));
+        let evidence = || format!("{what} {} at {when}", minute.words(60_000, "min"));
+        self.raise(t, g, HealthState::Degraded, reason, evidence, out);
     }
 }
