@@ -168,6 +168,11 @@ pub struct Config {
     pub hosts: Vec<Ident>,
     /// Control period.
     pub period: Duration,
+    /// The CDU's heartbeat timeout where the site figures give it
+    /// (`[loop] heartbeat_timeout_s`; the twin's with the demonstration
+    /// key): after a start the heartbeat waits at most this long for a
+    /// read-back that reads the safety settings held.
+    pub heartbeat_timeout: Option<Duration>,
     /// Cap lease duration.
     pub lease: Duration,
     /// One Modbus request's timeout.
@@ -220,6 +225,7 @@ impl Config {
         c.key_id = self.key_id;
         c.key = Some(self.key.clone());
         c.lease = self.lease;
+        c.heartbeat_timeout = self.heartbeat_timeout;
         c
     }
 }
@@ -344,7 +350,10 @@ pub fn resolve_for(
     let run_map = map.as_ref().filter(|_| purpose == Purpose::Run);
     let (board, rope_opt_out) = board_pins(&src, &file, flags, (&core, purpose), run_map)?;
 
+    let heartbeat_timeout =
+        (heartbeat.as_ref()).map(|h| Duration::from_millis((h.s * 1000.0).max(0.0) as u64));
     Ok(Config {
+        heartbeat_timeout,
         site: common.site,
         cdu,
         broker: common.broker,

@@ -173,6 +173,9 @@ pub struct ShellConfig {
     /// How long a cap lease holds (30 s by default); renewed every third
     /// of it while the cap stays.
     pub lease: Duration,
+    /// The CDU's heartbeat timeout where the site figures give it: the
+    /// most the heartbeat waits after the start for a read-back (else 10 s).
+    pub heartbeat_timeout: Option<Duration>,
 }
 
 /// How a controller is on the bus besides its config: the same for
@@ -300,6 +303,7 @@ impl ShellConfig {
             key_id: 1,
             key: None,
             lease: crate::decide::leases::LEASE_DEFAULT,
+            heartbeat_timeout: None,
         }
     }
 
@@ -524,6 +528,7 @@ impl<P: CduPort> Shell<P> {
         board: Option<Box<dyn BoardIo>>,
     ) -> Self {
         let hosts = cfg.core.layout.hosts().min(MAX_HOSTS);
+        let timeout = cfg.heartbeat_timeout;
         Shell {
             index: cfg
                 .hosts
@@ -549,7 +554,7 @@ impl<P: CduPort> Shell<P> {
                 bms: Default::default(),
                 latch_marked: false,
             },
-            devices: devices::Devices::new(cdu, board),
+            devices: devices::Devices::new(cdu, board).start_bound(timeout),
             decider: started.decider,
             bus: started.bus,
             me: started.me,
@@ -707,7 +712,8 @@ impl<P: CduPort> Shell<P> {
     /// Whether every write went in.
     async fn write_cdu(&mut self, c: &Commands, closed: Option<u16>) -> bool {
         let plan = self.decider.plan(c, closed);
-        let outcome = self.devices.write(&plan, &mut self.stats).await;
+        let now = self.now_ms();
+        let outcome = self.devices.write(&plan, now, &mut self.stats).await;
         self.stats.took(&plan, &outcome);
         self.decider.written(&outcome);
         outcome.all_ok()

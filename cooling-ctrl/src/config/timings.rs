@@ -213,6 +213,25 @@ mod tests {
         assert_eq!(with("", 15_000), Ok(15_000));
     }
 
+    /// The CDU's heartbeat timeout the site figures give is kept for the
+    /// shell ([`crate::config::Config::shell_config`]): it bounds the heartbeat's wait after a start for a
+    /// read-back; figures without it leave the shell's own bound.
+    #[test]
+    fn the_cdus_heartbeat_timeout_is_kept_to_bound_the_wait_after_a_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let figures = dir.path().join("site.toml");
+        let with = |loop_: &str| {
+            let hall = "racks = 4\nhosts_per_rack = 4\n";
+            std::fs::write(&figures, format!("{hall}{loop_}")).unwrap();
+            let text = format!("{MIN}site_figures = {figures:?}\n");
+            let c = resolve(Some(Path::new("cdu.toml")), &text, &Overrides::default()).unwrap();
+            c.heartbeat_timeout
+        };
+        let twelve = "[loop]\nheartbeat_timeout_s = 12.5\n";
+        assert_eq!(with(twelve), Some(Duration::from_millis(12_500)));
+        assert_eq!(with(""), None);
+    }
+
     #[test]
     fn the_modbus_timeout_leaves_room_for_a_read_and_a_write() {
         // The default: a silent CDU's read and write fit the period with

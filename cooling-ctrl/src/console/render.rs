@@ -52,13 +52,15 @@ fn status(v: &Value) -> String {
         rows.push(("PROTECTION OFF", s(&off["said"])));
     }
     if let Some(why) = v["heartbeat_held"].as_str() {
-        rows.push((
-            "HEARTBEAT HELD",
-            format!(
-                "not written: {why}; it runs on its own control after its heartbeat \
-                 timeout until a read-back reads it held"
-            ),
-        ));
+        // After a start the why says when the heartbeat goes out; a
+        // setting found not held keeps it back until read held.
+        let then = if why.contains("since the start") {
+            ""
+        } else {
+            "; it runs on its own control after its heartbeat timeout until a read-back \
+             reads it held"
+        };
+        rows.push(("HEARTBEAT HELD", format!("not written: {why}{then}")));
     }
     if v["demo_key"].as_bool() == Some(true) {
         rows.push((
@@ -739,6 +741,19 @@ mod tests {
             held.contains("not written: the CDU does not hold a safety setting it echoed")
                 && held.contains("(valves_open: holding 3 reads back value 0)")
                 && held.contains("its own control"),
+            "{held}"
+        );
+        // After a start: why the read-back has not proved it, and when
+        // the heartbeat goes out.
+        let v = json!({"heartbeat_held": "the safety settings not read back held since the \
+                                          start (read back first): refused: exception 2; \
+                                          written on the writes' echo 10 s after the start \
+                                          unless a read-back finds one not held"});
+        let held = row(&v, "HEARTBEAT HELD");
+        assert!(
+            held.contains("HEARTBEAT HELD  not written: the safety settings not read back held")
+                && held.contains("refused: exception 2")
+                && held.ends_with("unless a read-back finds one not held"),
             "{held}"
         );
         let text = render(&Request::Status, &json!({"heartbeat_held": null}));

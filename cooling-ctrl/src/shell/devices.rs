@@ -64,24 +64,6 @@ fn not_served(e: &crate::modbus::CduError) -> bool {
 /// settings held since the start.
 const UNPROVEN: &str = "the safety settings not read back held since the start (read back first)";
 
-/// Whether a step's read-back `back` of the writes of `plan` that went
-/// in (`went_in`) reads the plan's safety settings (valves, pumps to
-/// run, lead pump) held, for the first heartbeat since the start: each
-/// went in, none read back holding another value, none whose read-back
-/// failed but refused outright (exception 1 or 2: a CDU that serves no
-/// read-back, its echo taken as before). A plan with none of them has
-/// nothing to read back.
-fn reads_safety_held(plan: &Plan, went_in: &[Write], back: &crate::modbus::ReadBack) -> bool {
-    let safety = |set: &[Setting]| set.iter().any(|s| s.safety());
-    let went = |s: Setting| went_in.iter().any(|w| w.setting == s);
-    let all_went = (plan.writes.iter())
-        .filter(|w| w.setting.safety())
-        .all(|w| went(w.setting));
-    let failed = (back.unread.iter()).any(|(set, e)| safety(set) && !not_served(e));
-    let not_held = back.not_held.iter().any(|(set, _)| safety(set));
-    all_went && !failed && !not_held
-}
-
 /// A setting not known taken since its last write did not go in.
 #[derive(Debug)]
 struct NotTaken {
@@ -109,16 +91,11 @@ pub(super) struct Devices<P> {
     /// written, so the CDU falls back to its own control while its
     /// echoes say one thing and its registers another.
     safety_not_held: Failing,
-    /// A step's read-back has read the safety settings of its plan held
-    /// since the start (or the CDU refused it outright, exception 1 or
-    /// 2: it serves none, its echo taken; or the plan has none of
-    /// them): until then the heartbeat is not written, so a controller
-    /// restarted faster than the CDU's watchdog writes none to a CDU
-    /// that does not hold them ([`Devices::beat_withheld`]).
-    read_held: bool,
-    /// The heartbeat not written since the start for want of such a
-    /// read-back: said once, and its end.
-    unproven: Failing,
+    /// The wait after the start for a read-back that proves the safety
+    /// settings held, at most the bound ([`start::StartWait`]): until it
+    /// ends the heartbeat is not written, so a controller restarted
+    /// faster than the CDU's heartbeat timeout writes none unproven.
+    start: start::StartWait,
     /// The settings whose last write did not go in (refused, not
     /// answered, not tried, read back holding another value, or not read
     /// back since one of those), each with whether it was read back not
@@ -194,13 +171,20 @@ impl<P: CduPort> Devices<P> {
             write_error: Failing::default(),
             read_back_error: Failing::default(),
             safety_not_held: Failing::default(),
-            read_held: false,
-            unproven: Failing::default(),
+            start: start::StartWait::new(start::DEFAULT_BOUND_MS),
             not_taken: Vec::new(),
             board_errors: BoardErrors::default(),
             last_read: None,
             pump_faults: None,
         }
+    }
+
+    /// The wait after a start bounded by the CDU's heartbeat `timeout`,
+    /// where the site figures give it (else [`start::DEFAULT_BOUND_MS`]).
+    pub(super) fn start_bound(mut self, timeout: Option<Duration>) -> Self {
+        let ms = timeout.map_or(start::DEFAULT_BOUND_MS, |t| t.as_millis() as u64);
+        self.start = start::StartWait::new(ms);
+        self
     }
 
     /// What a clear of `pump` (0: A, 1: B) reads of its fault
@@ -213,7 +197,7 @@ impl<P: CduPort> Devices<P> {
     /// controller that has run a while.
     #[cfg(test)]
     pub(super) fn seen_held(mut self) -> Self {
-        self.read_held = true;
+        self.start.over = true;
         self
     }
 
@@ -259,20 +243,27 @@ impl<P: CduPort> Devices<P> {
     /// (so the core reads the CDU as not taking its writes: degraded) and
     /// said in `stats` for the step it was held back
     /// ([`ShellStats::heartbeat_held`]). After the start the heartbeat is
-    /// so held back too until a step's read-back reads the safety
-    /// settings held ([`Devices::read_held`]; the valves and pumps are
-    /// written at the first step as ever). A setting whose
+    /// so held back too until a step's read-back proves the safety
+    /// settings held or the bound has passed since the start, `now_ms`
+    /// being the step's time ([`Devices::start`]; the valves and pumps
+    /// are written at the first step as ever). A setting whose
     /// last write did not go in stays not taken over a step whose
     /// read-back of it fails ([`Devices::not_taken`]). The first failure
     /// is counted, and logged whole once per change of its text.
-    pub(super) async fn write(&mut self, plan: &Plan, stats: &mut ShellStats) -> Outcome {
+    pub(super) async fn write(
+        &mut self,
+        plan: &Plan,
+        now_ms: u64,
+        stats: &mut ShellStats,
+    ) -> Outcome {
+        self.start.tick(now_ms);
         let mut outcome = Outcome::default();
         let mut first: Option<String> = None;
         let mut held = None;
         let mut beat_held = None;
         for w in &plan.writes {
             if self.heartbeat_held(w) {
-                self.say_unproven();
+                self.start.say();
                 beat_held = Some(self.held_why());
                 if outcome.due(w) {
                     outcome.record(w.setting, Err(self.held_back()));
@@ -289,11 +280,11 @@ impl<P: CduPort> Devices<P> {
             }
             outcome.record(w.setting, r);
         }
-        let read_held = match &held {
+        let proof = match &held {
             None => self.read_back(plan, &mut outcome, &mut first, stats).await,
             Some(why) => self.not_read_back(why, &mut outcome, &mut first),
         };
-        self.judge_proven(read_held);
+        self.start.judge(proof);
         self.judge_taken(&outcome);
         self.judge_writes(first, stats);
         // A read-back failing (refused) since is said with it.
@@ -313,7 +304,7 @@ impl<P: CduPort> Devices<P> {
     /// [`Devices::heartbeat_held`]).
     fn held_back(&self) -> String {
         if self.unheld_safety().next().is_none() {
-            return format!("not written: {UNPROVEN}");
+            return format!("not written: {}", self.start.held_why());
         }
         let why = self.safety_not_held.0.as_deref().unwrap_or_default();
         format!(
@@ -330,7 +321,7 @@ impl<P: CduPort> Devices<P> {
             Some(why) if self.unheld_safety().next().is_some() => {
                 format!("the CDU does not hold a safety setting it echoed ({why})")
             }
-            _ => UNPROVEN.to_string(),
+            _ => self.start.held_why(),
         }
     }
 
@@ -364,15 +355,15 @@ impl<P: CduPort> Devices<P> {
     /// as their echo said (taken): it is counted as a read error and
     /// logged once per change of its text ([`Devices::judge_read_back`]);
     /// one not taken before is judged by [`Devices::judge_unread`].
-    /// Whether it reads the plan's safety settings held
-    /// ([`reads_safety_held`]).
+    /// Whether it proves the plan's safety settings held
+    /// ([`start::proof`]).
     async fn read_back(
         &mut self,
         plan: &Plan,
         outcome: &mut Outcome,
         first: &mut Option<String>,
         stats: &mut ShellStats,
-    ) -> bool {
+    ) -> Result<(), String> {
         let went_in = |w: &&Write| {
             outcome
                 .tried
@@ -381,10 +372,10 @@ impl<P: CduPort> Devices<P> {
         };
         let went_in: Vec<Write> = plan.writes.iter().filter(went_in).copied().collect();
         if went_in.is_empty() {
-            return reads_safety_held(plan, &went_in, &crate::modbus::ReadBack::default());
+            return start::proof(plan, &went_in, &crate::modbus::ReadBack::default());
         }
         let back = self.cdu.read_back(&went_in).await;
-        let read_held = reads_safety_held(plan, &went_in, &back);
+        let proof = start::proof(plan, &went_in, &back);
         self.judge_read_back(&back.unread, stats);
         for (settings, e) in &back.unread {
             for s in settings {
@@ -401,41 +392,19 @@ impl<P: CduPort> Devices<P> {
                 }
             }
         }
-        read_held
-    }
-
-    /// The heartbeat withheld for want of a read-back that read the
-    /// safety settings held since the start: said once.
-    fn say_unproven(&mut self) {
-        if !self.read_held && self.unproven.failed(UNPROVEN.to_string()) {
-            tracing::info!(
-                "cooling shell: the heartbeat is not written: {UNPROVEN}; the valves and pumps \
-                 are written as planned"
-            );
-        }
-    }
-
-    /// A step's read-back read the plan's safety settings held
-    /// (`read_held`): the first since the start lets the heartbeat out
-    /// from the next step, said.
-    fn judge_proven(&mut self, read_held: bool) {
-        if self.read_held || !read_held {
-            return;
-        }
-        self.read_held = true;
-        if self.unproven.worked().is_some() {
-            tracing::info!(
-                "cooling shell: the CDU's safety settings read back held since the start: the \
-                 heartbeat is written from the next step"
-            );
-        }
+        proof
     }
 
     /// The step's writes that went in, not read back since a later write
     /// went unanswered (`why`): each judged as a read-back that failed
     /// ([`Devices::judge_unread`]), the heartbeat aside (never read back).
-    /// Never reads the safety settings held (`false`).
-    fn not_read_back(&self, why: &str, outcome: &mut Outcome, first: &mut Option<String>) -> bool {
+    /// Never proves the safety settings held: not asked, said why.
+    fn not_read_back(
+        &self,
+        why: &str,
+        outcome: &mut Outcome,
+        first: &mut Option<String>,
+    ) -> Result<(), String> {
         let went_in: Vec<Setting> = (outcome.tried.iter())
             .filter(|(s, r)| r.is_ok() && *s != Setting::Heartbeat)
             .map(|(s, _)| *s)
@@ -443,7 +412,7 @@ impl<P: CduPort> Devices<P> {
         for s in went_in {
             self.judge_unread(s, true, &why, outcome, first);
         }
-        false
+        Err(start::not_asked(why))
     }
 
     /// The setting `s`, not taken before, whose read-back failed (`e`;
@@ -536,10 +505,10 @@ impl<P: CduPort> Devices<P> {
     }
 
     /// Whether the heartbeat is withheld: a read-back found a safety
-    /// setting not held that none has read held since, or none has read
-    /// the safety settings held since the start ([`Devices::read_held`]).
+    /// setting not held that none has read held since, or the wait after
+    /// the start is on ([`Devices::start`]).
     fn beat_withheld(&self) -> bool {
-        !self.read_held || self.unheld_safety().next().is_some()
+        !self.start.over || self.unheld_safety().next().is_some()
     }
 
     /// The safety settings read back not held and not read back held
@@ -737,6 +706,8 @@ impl<P> Devices<P> {
     }
 }
 
+mod start;
+
 #[cfg(test)]
 mod after_a_start;
 #[cfg(test)]
@@ -859,7 +830,7 @@ mod tests {
     fn a_setting_the_cdu_does_not_hold_after_its_echo_is_not_taken() {
         let mut d = Devices::new(Scripted(Clamps), None).seen_held();
         let mut stats = ShellStats::default();
-        let o = run(d.write(&every_setting(), &mut stats));
+        let o = run(d.write(&every_setting(), 0, &mut stats));
         assert_eq!(failed_with(&o, "reads back value 40"), [Setting::Setpoint]);
         let taken = o.taken();
         assert!(!taken.setpoint && taken.speed && taken.valves && taken.pumps);
@@ -889,7 +860,7 @@ mod tests {
         let mut d = Devices::new(Scripted(NoReadBack), None).seen_held();
         let mut stats = ShellStats::default();
         for step in 1..=3 {
-            let o = run(d.write(&every_setting(), &mut stats));
+            let o = run(d.write(&every_setting(), 0, &mut stats));
             assert!(o.all_ok(), "{:?}", o.tried);
             let taken = o.taken();
             assert!(taken.setpoint && taken.speed && taken.valves && taken.pumps);
@@ -915,13 +886,13 @@ mod tests {
     fn a_safety_setting_not_held_holds_the_next_heartbeat_back() {
         let mut d = Devices::new(Scripted(ValvesNotHeld), None).seen_held();
         let mut stats = ShellStats::default();
-        let first = run(d.write(&every_setting(), &mut stats));
+        let first = run(d.write(&every_setting(), 0, &mut stats));
         assert!(
             beat(&first),
             "found after this step's heartbeat: {:?}",
             first.tried
         );
-        let second = run(d.write(&every_setting(), &mut stats));
+        let second = run(d.write(&every_setting(), 0, &mut stats));
         assert!(!beat(&second), "{:?}", second.tried);
         assert!(!second.taken().valves);
     }
@@ -971,7 +942,7 @@ mod tests {
         let mut stats = ShellStats::default();
         let steps: Vec<(bool, bool)> = (0..4)
             .map(|_| {
-                let o = run(d.write(&every_setting(), &mut stats));
+                let o = run(d.write(&every_setting(), 0, &mut stats));
                 let unsure = o.unsure.iter().any(|(s, _)| *s == Setting::Valves);
                 let valves_failed = !o.taken().valves;
                 (unsure || valves_failed, stats.heartbeat_held.is_some())
@@ -994,7 +965,7 @@ mod tests {
         let mut d = Devices::new(InTurn::valves(&answers, 6), None).seen_held();
         let mut stats = ShellStats::default();
         let beats: Vec<bool> = (0..answers.len())
-            .map(|_| beat(&run(d.write(&every_setting(), &mut stats))))
+            .map(|_| beat(&run(d.write(&every_setting(), 0, &mut stats))))
             .collect();
         // Found not held after step 1's beat; failed read-backs (2, 4)
         // and a not held (3) keep it back; read held at step 5, it beats
@@ -1014,7 +985,7 @@ mod tests {
         let mut all = Vec::new();
         let mut held = Vec::new();
         for step in 1..=answers.len() {
-            let o = run(d.write(&every_setting(), &mut stats));
+            let o = run(d.write(&every_setting(), 0, &mut stats));
             let not_written = failed_with(&o, "not written");
             assert_eq!(not_written.is_empty(), step != 2 && step != 3, "{step}");
             all.push(o.taken().all);
@@ -1051,7 +1022,7 @@ mod tests {
             let mut stats = ShellStats::default();
             (0..answers.len())
                 .map(|_| {
-                    let o = run(d.write(&every_setting(), &mut stats));
+                    let o = run(d.write(&every_setting(), 0, &mut stats));
                     let failure = d.write_error.0.clone();
                     (
                         o.taken().setpoint,
@@ -1182,7 +1153,7 @@ mod tests {
     fn the_rest_are_not_tried_after(cdu: Scripted<Silent>) {
         let mut d = Devices::new(cdu, None).seen_held();
         let mut stats = ShellStats::default();
-        let o = run(d.write(&every_setting(), &mut stats));
+        let o = run(d.write(&every_setting(), 0, &mut stats));
         assert_eq!(
             d.cdu.writes, 1,
             "only the first write waited for its answer"
@@ -1242,7 +1213,7 @@ mod tests {
         });
         let mut d = Devices::new(cdu, None).seen_held();
         let mut stats = ShellStats::default();
-        let o = run(d.write(&every_setting(), &mut stats));
+        let o = run(d.write(&every_setting(), 0, &mut stats));
         assert_eq!(failed_with(&o, "write"), [Setting::Setpoint]);
         let kept = d.write_error.0.as_deref().unwrap_or_default();
         assert!(kept.len() > crate::decide::said::WORDS, "{kept}");
@@ -1266,8 +1237,7 @@ mod tests {
             write_error: Failing::default(),
             read_back_error: Failing::default(),
             safety_not_held: Failing::default(),
-            read_held: false,
-            unproven: Failing::default(),
+            start: start::StartWait::new(start::DEFAULT_BOUND_MS),
             not_taken: Vec::new(),
             board_errors: BoardErrors::default(),
             last_read: None,

@@ -269,6 +269,7 @@ impl ControllerSide<'_> {
             key_id: key.key_id,
             key: Some(key.key),
             lease: Duration::from_secs(30),
+            heartbeat_timeout: None,
         };
         let sim = self.sim;
         let (stats_tx, stats_rx) = cooling_ctrl::shell::stats_channel();

@@ -61,7 +61,7 @@ fn a_setting_not_held_stays_not_held_over_read_backs_refused_by_exception() {
         // refused read-back.
         let plan = decider.plan_last(Some(0)).expect("stepped");
         let mut stats = ShellStats::default();
-        super::scripted::run(d.write(&plan, &mut stats));
+        super::scripted::run(d.write(&plan, 0, &mut stats));
         let held = stats.heartbeat_held.unwrap_or_default();
         assert!(
             held.contains("pumps_run") && held.contains(&format!("exception {code}")),

@@ -194,7 +194,7 @@ pub(super) fn step<P: CduPort>(
         decider.kept(true);
     }
     let plan = decider.plan(&c, m.valves_closed);
-    let o = run(d.write(&plan, &mut ShellStats::default()));
+    let o = run(d.write(&plan, s * 1000, &mut ShellStats::default()));
     decider.written(&o);
     (c, o)
 }
