@@ -82,6 +82,8 @@ pub use sampling::observation;
 mod snapshot;
 mod startup;
 mod stop;
+#[cfg(test)]
+mod test_agent;
 
 /// Ticks kept for the jitter percentiles (10 minutes at 1 s).
 const JITTER_WINDOW: usize = 600;

@@ -1162,4 +1162,53 @@ mod tests {
         }
         go_tx.send(()).unwrap();
     }
+
+    /// After a loss, the agent keeps GPU 1's health (`keep_health`, as
+    /// every health change does) while the flash thread is held and its
+    /// queue full: not handed over, the lost mark pending stays for this
+    /// run, GPU 1 named. And the GPUs whose states taken back at the start
+    /// were not handed over (`not_handed`) are named as not kept when
+    /// what was taken back is kept (`keep_recovered`).
+    #[test]
+    fn the_agent_keeps_the_mark_for_a_health_record_not_handed_over() {
+        let stores = loopwarden_store::agent_flash::open(None).unwrap();
+        let r = Recorder::start(stores.log, stores.store, None).unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut agent = rt.block_on(super::super::test_agent::agent(r.clone()));
+        let pending = |r: &Recorder| PendingClear {
+            refused_before: r.refused(),
+            unkept: Vec::new(),
+            not_kept: Vec::new(),
+            stays: None,
+            phase_kept: true,
+        };
+        // Taken back at the start, GPU 1's state not handed over.
+        let cooling = (Phase::Cooled, &[][..]);
+        rt.block_on(agent.keep_recovered((&[1], &[]), &[1], cooling, r.refused()));
+        let mark = agent.lost_mark.take().expect("a mark pending");
+        assert_eq!(mark.not_kept(), &[1]);
+        assert!(!mark.ready(false), "GPU 1 not kept: the mark stays");
+        // In the run: the flash thread held, its queue full.
+        let (entered, entered_rx) = std::sync::mpsc::channel();
+        let (go_tx, go) = std::sync::mpsc::channel();
+        r.attach(Held {
+            entered: std::sync::Mutex::new(entered),
+            go: std::sync::Mutex::new(go),
+        });
+        r.publish(Message::Event(filler()), TimestampMs(1), false);
+        entered_rx.recv().unwrap();
+        for _ in 0..loopwarden_store::recorder::VITAL_MAX {
+            r.set("filler".into(), vec![0]);
+        }
+        agent.lost_mark = Some(pending(&r));
+        assert!(!rt.block_on(agent.keep_health(1)), "not handed over");
+        let mark = agent.lost_mark.as_ref().expect("a mark pending");
+        assert_eq!(mark.not_kept(), &[1]);
+        assert!(!mark.ready(false), "GPU 1 not kept: the mark stays");
+        go_tx.send(()).unwrap();
+    }
 }
