@@ -200,7 +200,9 @@ pub(in crate::shell) async fn stale_tags(
             .get(gpu as usize)
             .and_then(|u| crate::shell::identity(u))
         else {
-            tracing::warn!("GPU {gpu}: its UUID is unknown: whether its quarantine actions ran under another index before a renumbering (a drain tagged with that index left standing) is not checked");
+            if !released(health.status(gpu)) {
+                tracing::warn!("GPU {gpu}: its UUID is unknown: whether its quarantine actions ran under another index before a renumbering (a drain tagged with that index left standing) is not checked");
+            }
             continue;
         };
         let stale = stale_of(store, health, (gpu, id), renumbered).await;
@@ -615,6 +617,13 @@ mod tests {
         });
         assert_eq!(tags, vec![]);
         assert!(log.contains("GPU 1: its UUID is unknown"), "{log}");
+        let (_, log) = logged(|| {
+            futures::executor::block_on(stale_tags(&mut store, &health(&[]), &unknown, &[]))
+        });
+        assert!(
+            !log.contains("UUID is unknown"),
+            "released: nothing to check\n{log}"
+        );
     }
 
     /// A record an earlier version kept (the indexes alone, no stamp) is
