@@ -14,7 +14,6 @@
 //! - *link*: where and how the Sparkplug client connects (brokers, TLS,
 //!   credentials, keep-alive, client id).
 
-use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -29,6 +28,9 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use crate::bridge::{Bridge, BridgeConfig, Input, Kind, Notice, Now, Publish, REBIRTH_EVERY_MS};
+
+mod log_limit;
+use log_limit::{warn_fields, Allow, LogLimit, LOG_SOURCES};
 
 /// The least number of requests the Sparkplug client queues before it
 /// refuses more; more for a site whose round of births is larger.
@@ -53,14 +55,6 @@ fn now() -> Now {
         mono,
     }
 }
-
-/// The least time between two log lines of one kind of refusal from one
-/// source, ms: a flood is counted, not logged line by line.
-const LOG_EVERY_MS: u64 = 60_000;
-
-/// The most sources the log limiter tracks one by one; past that, new
-/// sources share one line per [`LOG_EVERY_MS`].
-const LOG_SOURCES: usize = 1024;
 
 /// Where and how the Sparkplug client connects.
 #[derive(Debug, Clone)]
@@ -237,87 +231,9 @@ async fn drive_sparkplug(
     }
 }
 
-/// At most one log line per source and [`LOG_EVERY_MS`]; the lines held
-/// back are counted in the next one. Past [`LOG_SOURCES`] sources (each
-/// sender named in a frame is one, and costs a forger nothing), the
-/// sources not tracked share one line per [`LOG_EVERY_MS`], so a flood
-/// from many sources is logged no more than from one.
-#[derive(Default)]
-struct LogLimit {
-    /// Per source: when it was last logged, and the lines held since.
-    sources: HashMap<String, (u64, u64)>,
-    /// The untracked sources: when their shared line went out, and the
-    /// lines held since.
-    others: Option<(u64, u64)>,
-}
-
-/// What [`LogLimit::allow`] lets through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Allow {
-    /// This source's line, with the count of its lines held back since
-    /// its last.
-    Line(u64),
-    /// One line for every source not tracked, with the count of their
-    /// lines held back since the last such line.
-    Others(u64),
-    /// Nothing now: counted in the next line.
-    Held,
-}
-
-impl LogLimit {
-    /// Whether `source` may log now, and how.
-    fn allow(&mut self, source: String, now: u64) -> Allow {
-        let recent = |at: u64| now.saturating_sub(at) < LOG_EVERY_MS;
-        if self.sources.len() >= LOG_SOURCES && !self.sources.contains_key(&source) {
-            // Sources quiet for a window are forgotten, their held lines
-            // going to the shared count.
-            let mut forgotten = 0;
-            self.sources.retain(|_, (at, held)| {
-                let keep = recent(*at);
-                if !keep {
-                    forgotten += *held;
-                }
-                keep
-            });
-            if forgotten > 0 {
-                self.others.get_or_insert((0, 0)).1 += forgotten;
-            }
-        }
-        if self.sources.len() >= LOG_SOURCES && !self.sources.contains_key(&source) {
-            return match self.others.as_mut() {
-                Some((at, held)) if recent(*at) => {
-                    *held += 1;
-                    Allow::Held
-                }
-                Some((at, held)) => {
-                    *at = now;
-                    Allow::Others(std::mem::take(held))
-                }
-                None => {
-                    self.others = Some((now, 0));
-                    Allow::Others(0)
-                }
-            };
-        }
-        match self.sources.get_mut(&source) {
-            Some((at, held)) if recent(*at) => {
-                *held += 1;
-                Allow::Held
-            }
-            Some((at, held)) => {
-                *at = now;
-                Allow::Line(std::mem::take(held))
-            }
-            None => {
-                self.sources.insert(source, (now, 0));
-                Allow::Line(0)
-            }
-        }
-    }
-}
-
 /// Logs what the core noticed, refusals at most once a minute per source
-/// (`now` monotonic).
+/// (`now` monotonic), and the refused fields held back whose minute has
+/// ended (the main loop calls this at every tick too).
 fn log_notices(core: &mut Bridge, limit: &mut LogLimit, now: u64) {
     for notice in core.take_notices() {
         match notice {
@@ -356,12 +272,8 @@ fn log_notices(core: &mut Bridge, limit: &mut LogLimit, now: u64) {
                 }
             }
             Notice::FieldsRefused { device, why } => {
-                match limit.allow(format!("fields {device}"), now) {
-                    Allow::Line(held_back) | Allow::Others(held_back) => warn!(
-                        %device, %why, held_back,
-                        "GPU figures past any GPU's published null (bridge/fields_refused)"
-                    ),
-                    Allow::Held => {}
+                if let Some(line) = limit.fields(device, why, now) {
+                    warn_fields(line);
                 }
             }
             Notice::Silent { device, for_ms } => warn!(
@@ -390,6 +302,9 @@ fn log_notices(core: &mut Bridge, limit: &mut LogLimit, now: u64) {
                  (bridge/devices_silent and bridge/frames_refused count them)"
             ),
         }
+    }
+    for line in limit.fields_due(now) {
+        warn_fields(line);
     }
 }
 
@@ -726,55 +641,6 @@ mod tests {
         assert_eq!(lost_why(&other, ncmd), other.to_string());
     }
 
-    #[test]
-    fn a_flood_of_refusals_from_one_source_is_logged_once_a_minute() {
-        let mut log = LogLimit::default();
-        assert_eq!(log.allow("a".into(), 0), Allow::Line(0));
-        assert_eq!(log.allow("a".into(), 1), Allow::Held);
-        assert_eq!(log.allow("b".into(), 1), Allow::Line(0), "another source");
-        assert_eq!(log.allow("a".into(), LOG_EVERY_MS - 1), Allow::Held);
-        assert_eq!(
-            log.allow("a".into(), LOG_EVERY_MS),
-            Allow::Line(2),
-            "2 held back"
-        );
-    }
-
-    #[test]
-    fn a_flood_from_many_sources_is_one_line_a_minute_for_the_untracked() {
-        let mut log = LogLimit::default();
-        let lines = |log: &mut LogLimit, from: usize, to: usize, now: u64| {
-            (from..to)
-                .map(|i| log.allow(format!("s{i}"), now))
-                .filter(|a| *a != Allow::Held)
-                .count()
-        };
-        assert_eq!(lines(&mut log, 0, LOG_SOURCES, 0), LOG_SOURCES);
-        // The table is full: new senders share one line, not one each.
-        assert_eq!(log.allow("x0".into(), 1), Allow::Others(0));
-        assert_eq!(lines(&mut log, LOG_SOURCES, 10 * LOG_SOURCES, 2), 0);
-        assert_eq!(log.allow("s0".into(), 3), Allow::Held, "still tracked");
-        assert_eq!(log.sources.len(), LOG_SOURCES, "bounded");
-        let held = 9 * LOG_SOURCES as u64;
-        assert_eq!(
-            log.allow("x1".into(), LOG_EVERY_MS - 1),
-            Allow::Held,
-            "within the minute"
-        );
-        // A minute on, the quiet sources are forgotten (s0's held line
-        // counted with the others), and a new one is tracked again.
-        assert_eq!(log.allow("x2".into(), 4 + LOG_EVERY_MS), Allow::Line(0));
-        assert_eq!(log.sources.len(), 1);
-        assert_eq!(log.others, Some((1, held + 1 + 1)));
-        let full = lines(&mut log, 0, LOG_SOURCES - 1, 5 + LOG_EVERY_MS);
-        assert_eq!(full, LOG_SOURCES - 1, "the table fills again");
-        assert_eq!(
-            log.allow("x3".into(), 6 + LOG_EVERY_MS),
-            Allow::Others(held + 2),
-            "everything held back since, counted"
-        );
-    }
-
     fn h07(temp: u8) -> loopwarden_bus::Inbound {
         use loopwarden_protocol::{samples, Frame, Message, TimestampMs, Topic, WholeCelsius};
         let site = Ident::new("hall-1").unwrap();
@@ -805,10 +671,61 @@ mod tests {
         out.iter().map(|p| p.kind).collect()
     }
 
+    /// h07's sample at `now`, its GPUs `bad` drawing past any GPU's.
+    fn h07_drawing(bad: &[usize], now: u64) -> Input {
+        use loopwarden_protocol::{samples, Frame, Message, TimestampMs, Topic, Watts};
+        let site = Ident::new("hall-1").unwrap();
+        let node = NodeId::new(Role::Host, "h07").unwrap();
+        let topic = Topic::new(&site, Role::Host, &node.id, Family::Telemetry);
+        let mut t = samples::host_telemetry(8);
+        for &g in bad {
+            t.gpus[g].power = Watts(200_000);
+        }
+        let frame = Frame {
+            sender: node,
+            seq: 1,
+            time: TimestampMs(now),
+            message: Message::HostTelemetry(t),
+        };
+        Input::Frame(topic, frame)
+    }
+
     #[test]
-    fn frames_queued_before_a_drop_birth_nothing_and_the_next_one_births_the_device() {
-        use crate::bridge::Kind;
-        let mut core = Bridge::new(BridgeConfig {
+    fn refused_fields_that_change_within_the_minute_are_logged_when_it_ends() {
+        let mut core = core();
+        core.connecting(T);
+        core.step(T, Input::Connected);
+        let mut log = LogLimit::default();
+        let mut lines = Vec::new();
+        // GPU 3's power bad from T, GPU 5's too from T + 5 s, for 2 min.
+        for s in 0..=120u64 {
+            let now = T + s * 1_000;
+            let bad: &[usize] = if s < 5 { &[3] } else { &[3, 5] };
+            core.step(now, h07_drawing(bad, now));
+            core.step(now, Input::Tick);
+            // What log_notices does with them.
+            for notice in core.take_notices() {
+                if let Notice::FieldsRefused { device, why } = notice {
+                    lines.extend(log.fields(device, why, now));
+                }
+            }
+            lines.extend(log.fields_due(now));
+        }
+        let said: Vec<_> = lines
+            .iter()
+            .map(|l| (l.device.as_str(), l.why.as_str()))
+            .collect();
+        assert_eq!(lines.len(), 2, "{said:?}");
+        assert!(said[0].1.contains("gpu 3 power 200000 W"), "{said:?}");
+        assert!(!said[0].1.contains("gpu 5"), "{said:?}");
+        assert_eq!(said[1].0, "h07");
+        assert!(said[1].1.contains("gpu 5 power 200000 W"), "{said:?}");
+        // At the minute's end, saying when it came.
+        assert_eq!((lines[1].noticed_ms_ago, lines[1].held_back), (55_000, 0));
+    }
+
+    fn core() -> Bridge {
+        Bridge::new(BridgeConfig {
             group: "hall-1".into(),
             edge_node: "loopwarden".into(),
             site: "hall-1".into(),
@@ -817,7 +734,13 @@ mod tests {
             host_silent_after_ms: 10_000,
             cdu_silent_after_ms: 10_000,
             max_devices: 2_000,
-        });
+        })
+    }
+
+    #[test]
+    fn frames_queued_before_a_drop_birth_nothing_and_the_next_one_births_the_device() {
+        use crate::bridge::Kind;
+        let mut core = core();
         core.connecting(T);
         core.step(T, Input::Connected);
         let (tx, mut queued) = mpsc::channel(8);
