@@ -170,6 +170,8 @@ pub const CONTROLLER_SILENT_AFTER_MS: u64 = 90_000;
 
 /// The longest gap taken as a pace, ms: a longer one is an absence (a
 /// node stopped, then started again), and leaves the pace learned before.
+/// A device dead and unheard this long is forgotten, its pace kept for
+/// when it is heard again (`bridge/paces.rs`).
 pub const PACE_MAX_MS: u64 = 600_000;
 
 /// A new frame of a stream (when its last came, and its pace) at `now`:
@@ -250,9 +252,9 @@ impl Bridge {
     /// is to say dead again (so that a host application that missed a
     /// DDEATH does not show the device alive). One whose death a round
     /// said already (that DDEATH not dropped), and unheard for
-    /// [`PACE_MAX_MS`] (what is known of its pace no longer counts) is
-    /// forgotten instead: a site's churn does not grow every round past
-    /// the queue sized for its devices. Heard again, it is a new device
+    /// [`PACE_MAX_MS`] (longer than any pace) is forgotten instead: a
+    /// site's churn does not grow every round past the queue sized for
+    /// its devices. Its pace is kept: heard again, it is a new device
     /// with the pace it had (see [`super::paces`]).
     pub(super) fn deaths_to_say(&mut self, now: u64, dead: Vec<Ident>) -> Vec<Ident> {
         let mut say = Vec::with_capacity(dead.len());
