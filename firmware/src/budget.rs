@@ -322,6 +322,11 @@ mod tests {
     /// One step's writes and read-back ([`crate::read_back::write_step`])
     /// at a CDU answering in `answer_ms`: what went, and the console.
     fn step(answer_ms: u64) -> (Vec<&'static str>, String) {
+        step_held(answer_ms, &mut SafetyHeld::seen_held())
+    }
+
+    /// The same, with what the read-back said since the start in `held`.
+    fn step_held(answer_ms: u64, held: &mut SafetyHeld) -> (Vec<&'static str>, String) {
         let values = [15.0, 1.0, 0.0, 7.0, 80.0, 30.13];
         let plan = Plan {
             writes: (Setting::ORDER.iter().zip(values))
@@ -333,8 +338,29 @@ mod tests {
         };
         let mut port = Timed::new(answer_ms * 1_000);
         let mut console = String::new();
-        write_step(&mut port, &plan, &mut SafetyHeld::seen_held(), &mut console);
+        write_step(&mut port, &plan, held, &mut console);
         (port.sent, console)
+    }
+
+    /// After a start, a CDU that answers in 100 ms gets every write but
+    /// its step has no time for the read-back, so none proves the safety
+    /// settings held: the heartbeat waits for the bound
+    /// ([`crate::read_back::START_BOUND_MS`]), never going before it, and
+    /// goes at every step from it on, not withheld for good.
+    #[test]
+    fn after_a_start_a_cdu_answering_in_100_ms_gets_its_heartbeat_once_past_the_bound() {
+        let mut held = SafetyHeld::default();
+        let bound_s = crate::read_back::START_BOUND_MS / 1000;
+        let beats: Vec<bool> = (0..bound_s + 3)
+            .map(|s| {
+                held.tick(s * 1000);
+                let (sent, _) = step_held(100, &mut held);
+                sent.contains(&"heartbeat")
+            })
+            .collect();
+        let first = beats.iter().position(|b| *b);
+        assert_eq!(first, Some(bound_s as usize), "{beats:?}");
+        assert!(beats[bound_s as usize..].iter().all(|b| *b), "{beats:?}");
     }
 
     const WRITES: [&str; 6] = [

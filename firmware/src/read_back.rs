@@ -17,11 +17,14 @@
 //! time. One not read back since (its write refused or not planned, its
 //! read-back failed) stays not held. What was found not held goes with a
 //! restart, so after the start the heartbeat is withheld until a step's
-//! read-back reads the safety settings that went in held (or the CDU
-//! refuses it outright, exception 1 or 2: it serves none, and its echo
-//! is taken as before; or the map has none of them): a board in a reset
-//! loop faster than the CDU's watchdog never feeds a CDU that does not
-//! hold them. The first step's valves and pumps go out as ever; only the
+//! read-back reads every safety setting of its plan held, each gone in
+//! (or the map has none of them), for at most [`START_BOUND_MS`] (the
+//! CDU's heartbeat timeout) from the first step: a board in a reset loop
+//! faster than that never feeds a CDU that does not hold them. A
+//! read-back refused (any exception), unanswered or not asked proves
+//! nothing: past the bound the writes' echo is taken and the heartbeat
+//! written, said once on the console, unless a read-back found a setting
+//! not held. The first step's valves and pumps go out as ever; only the
 //! heartbeat waits, a step at least ([`SafetyHeld::beat_withheld`]).
 //!
 //! The read-back comes after the heartbeat and the writes after it, so it
@@ -62,6 +65,9 @@
 //! - *run*: contiguous holding registers read back in one request.
 //! - *unsure*: a setting whose write went in but whose run was not read
 //!   back (failed, refused, or not asked).
+//! - *the wait*: after the start, until a read-back proves the safety
+//!   settings held or [`START_BOUND_MS`] has passed (MCU clock, each
+//!   step's `now_ms` through [`SafetyHeld::tick`]).
 
 use core::fmt;
 
@@ -179,12 +185,57 @@ pub struct SafetyHeld {
     /// The gateway started again: the settings not held are said again
     /// at the next read-back, whether or not they changed.
     say_unheld: bool,
-    /// A step's read-back has read the safety settings that went in
-    /// held since the start (or the CDU refused it outright, exception 1
-    /// or 2, or the map has none of them): until then the heartbeat is
-    /// withheld, so a board that starts again writes none on settings
-    /// it has not seen held ([`SafetyHeld::beat_withheld`]).
+    /// A step's read-back has read every safety setting that went in
+    /// held since the start (or the map has none of them), or
+    /// [`START_BOUND_MS`] has passed since the start: until then the
+    /// heartbeat is withheld, so a board in a reset loop faster than that
+    /// writes none on settings it has not seen held
+    /// ([`SafetyHeld::beat_withheld`]).
     read_held: bool,
+    /// The wait after the start: why the last read-back proved nothing.
+    waiting: Waiting,
+    /// The MCU clock at the first step since the start, and now
+    /// ([`SafetyHeld::tick`]), ms.
+    started_ms: Option<u64>,
+    now_ms: u64,
+}
+
+/// The most the heartbeat waits after a start for a read-back that
+/// proves the safety settings held, ms: the heartbeat timeout of the CDUs
+/// the firmware is built for (its build and map carry none of their own).
+/// Past it with no proof either way, the writes' echo is taken.
+pub const START_BOUND_MS: u64 = 10_000;
+
+/// Why a step's read-back proved nothing after the start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// A safety setting's write did not go in: not read back.
+    NotWritten(&'static str),
+    /// A run failed or was not asked.
+    Unread(Unread),
+}
+
+/// The wait after the start, for the status line: why the read-back has
+/// not proved the safety settings held (`None`: none read back yet).
+#[derive(Debug, Clone, Copy, Default)]
+struct Waiting(Option<Why>);
+
+impl fmt::Display for Waiting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{SINCE_START}: ")?;
+        match self.0 {
+            None => f.write_str("none read back yet"),
+            Some(Why::NotWritten(r)) => write!(f, "not asked: the {r} write did not go in"),
+            Some(Why::Unread(Unread::OutOfTime { .. })) => {
+                f.write_str("not asked: the step's time ran out")
+            }
+            Some(Why::Unread(Unread::Port(RtuError::Refused { code, .. }))) => {
+                write!(f, "refused: exception {code}")
+            }
+            Some(Why::Unread(Unread::Port(RtuError::NoAnswer { .. }))) => f.write_str("unanswered"),
+            Some(Why::Unread(u)) => write!(f, "failed: {}", Reason(&u)),
+        }
+    }
 }
 
 /// A change of whether the CDU holds its safety settings, for the
@@ -274,13 +325,26 @@ impl SafetyHeld {
         self.withholds() || !self.read_held
     }
 
+    /// A step at `now_ms` (MCU clock): the first since the start starts
+    /// the wait for a read-back ([`START_BOUND_MS`]).
+    pub fn tick(&mut self, now_ms: u64) {
+        self.started_ms.get_or_insert(now_ms);
+        self.now_ms = now_ms;
+    }
+
+    /// The wait after the start is past its bound.
+    fn past_bound(&self) -> bool {
+        let since = |s: u64| self.now_ms.saturating_sub(s);
+        self.started_ms.is_some_and(|s| since(s) >= START_BOUND_MS)
+    }
+
     /// Why the heartbeat is withheld, for the console's status line: the
     /// first setting found not held, else none read back held since the
     /// start (`None`: not withheld).
     pub fn withheld_why(&self) -> Option<&dyn fmt::Display> {
         match self.unheld.first() {
             Some(n) => Some(n),
-            None if !self.read_held => Some(&SINCE_START),
+            None if !self.read_held => Some(&self.waiting),
             None => None,
         }
     }
@@ -413,9 +477,19 @@ pub fn write_step<P: HoldingPort>(
     held: &mut SafetyHeld,
     console: &mut impl fmt::Write,
 ) -> (Outcome, Option<Change>) {
+    if !held.read_held && held.past_bound() {
+        held.read_held = true;
+        let _ = writeln!(
+            console,
+            "heartbeat sent on the writes' echo: no read-back proved the safety settings held \
+             within {} s of the start: {}",
+            START_BOUND_MS / 1000,
+            held.waiting
+        );
+    }
     let withheld = held.beat_withheld();
     let mut outcome = writes::execute(port, plan, withheld);
-    if !held.read_held {
+    if !held.read_held && held.unheld.is_empty() {
         fail_unproven(&mut outcome);
     }
     let written = went_in(plan, &outcome);
@@ -479,7 +553,12 @@ pub fn write_step<P: HoldingPort>(
         not_taken: not_taken as u8,
     });
     let change = held.judge(&read, &found);
-    held.read_held |= proven.held(&found);
+    if !held.read_held {
+        match proven.why {
+            None if found.is_empty() => held.read_held = true,
+            why => held.waiting.0 = why.or(held.waiting.0),
+        }
+    }
     // The heartbeat withheld this step or from the next step on: the
     // mode's change names it (`heartbeat-held`) from the step that found
     // it to the step that read it held again, never the refused writes.
@@ -507,40 +586,31 @@ fn fail_unproven(outcome: &mut Outcome) {
     }
 }
 
-/// Whether a step's read-back shows the CDU holds its safety settings,
-/// for the first heartbeat since the start: every run asked read (none
-/// found not held), or refused outright (exception 1 or 2: a CDU that
-/// serves no read-back, its echo taken as before); a step whose plan
-/// has no safety setting in the map has nothing to read back.
+/// Whether a step's read-back proves the CDU holds its safety settings,
+/// for the first heartbeat since the start: every safety setting of the
+/// plan in the map went in and every run was read (none found not held);
+/// a run failed in any way (refused with any exception, 1 and 2 too, no
+/// answer, not asked) proves nothing. A step whose plan has no safety
+/// setting in the map has nothing to read back.
 struct Proven {
-    /// Some safety setting went in (or none is in the plan and map).
-    went: bool,
-    /// A run failed otherwise than refused outright, or was not asked.
-    unread: bool,
+    /// Why it proves nothing, but for a setting found not held.
+    why: Option<Why>,
 }
 
 impl Proven {
     /// For the safety settings of `plan` that went in (`written`).
     fn of(plan: &Plan, written: &[Written]) -> Self {
         let mapped = |s: Setting| s.safety() && holding(s.register()).is_some();
-        let none = !plan.writes.iter().any(|w| mapped(w.setting));
+        let went = |s: Setting| written.iter().any(|w| w.setting == s);
+        let missing = (plan.writes.iter()).find(|w| mapped(w.setting) && !went(w.setting));
         Self {
-            went: none || !written.is_empty(),
-            unread: false,
+            why: missing.map(|w| Why::NotWritten(w.setting.register())),
         }
     }
 
-    /// A run failed with `why` (one that the CDU did not answer leaves
-    /// the later runs not asked: its `why` is no refusal).
+    /// A run failed with `why`.
     fn failed(&mut self, why: &Unread) {
-        let outright = matches!(why, Unread::Port(RtuError::Refused { code: 1 | 2, .. }));
-        self.unread |= !outright;
-    }
-
-    /// Whether the read-back, having found `found` not held, shows the
-    /// settings held.
-    fn held(&self, found: &[NotHeld]) -> bool {
-        self.went && !self.unread && found.is_empty()
+        self.why.get_or_insert(Why::Unread(*why));
     }
 }
 
@@ -728,6 +798,8 @@ mod tests {
         pub(super) holding: BTreeMap<u16, u16>,
         /// Registers it echoes but does not take.
         pub(super) ignores: Vec<&'static str>,
+        /// Registers whose write it refuses (exception 4).
+        pub(super) refuses_write: Vec<&'static str>,
         /// It does not answer a read-back.
         pub(super) silent: bool,
         /// It refuses a read-back with this exception.
@@ -745,6 +817,7 @@ mod tests {
             Self {
                 holding: BTreeMap::new(),
                 ignores: Vec::new(),
+                refuses_write: Vec::new(),
                 silent: false,
                 refuses: None,
                 budget: 100,
@@ -771,6 +844,9 @@ mod tests {
         fn write(&mut self, r: &Register, words: &[u16]) -> Result<(), String> {
             self.budget -= 1;
             self.writes.push(r.name);
+            if self.refuses_write.contains(&r.name) {
+                return Err(format!("write {}: exception 4", r.name));
+            }
             if !self.ignores.contains(&r.name) {
                 for (i, w) in words.iter().enumerate() {
                     self.holding.insert(r.address + i as u16, *w);
@@ -1308,33 +1384,93 @@ mod boot {
         assert!(!o.heartbeat_held);
     }
 
-    /// A CDU that serves no read-back (exception 1 or 2 from the start)
-    /// has its echo taken as before: the heartbeat from the second step.
-    /// A read-back held found at the first step: from the second too.
+    /// A read-back that reads every safety setting held ends the wait at
+    /// once: the heartbeat from the second step. One that proves nothing
+    /// (refused with any exception, 1 and 2 included, or unanswered)
+    /// leaves the heartbeat withheld until [`START_BOUND_MS`] has passed
+    /// since the first step, then it goes on the writes' echo, said once.
     #[test]
-    fn after_a_start_a_cdu_that_serves_no_read_back_gets_the_heartbeat_from_the_next_step() {
-        for refuses in [Some(1), Some(2), None] {
-            // A CDU that never answers it: withheld for good.
-            let mut silent = Cdu::new();
-            silent.silent = true;
-            let mut held = SafetyHeld::default();
-            for _ in 0..3 {
-                let (o, _, _) = silent.step(&plan(0b1111), &mut held);
-                assert!(!silent.writes.contains(&"heartbeat") && o.heartbeat_held);
-            }
+    fn after_a_start_a_read_back_that_proves_nothing_waits_for_the_bound_then_the_heartbeat_goes() {
+        let mut cdu = Cdu::new();
+        let mut held = SafetyHeld::default();
+        held.tick(0);
+        cdu.step(&plan(0b1111), &mut held);
+        held.tick(1000);
+        cdu.step(&plan(0b1111), &mut held);
+        assert!(cdu.writes.contains(&"heartbeat"), "read back held");
+        for (refuses, silent, why) in [
+            (Some(1), false, "refused: exception 1"),
+            (Some(2), false, "refused: exception 2"),
+            (Some(4), false, "refused: exception 4"),
+            (None, true, "unanswered"),
+        ] {
             let mut cdu = Cdu::new();
             cdu.refuses = refuses;
+            cdu.silent = silent;
             let mut held = SafetyHeld::default();
-            let (o, _, _) = cdu.step(&plan(0b1111), &mut held);
-            assert!(!cdu.writes.contains(&"heartbeat") && o.heartbeat_held);
-            let (o, _, _) = cdu.step(&plan(0b1111), &mut held);
-            assert!(
-                cdu.writes.contains(&"heartbeat"),
-                "{refuses:?}: {:?}",
-                o.tried
-            );
-            assert!(!o.heartbeat_held);
+            let mut said = 0;
+            let beats: Vec<bool> = (0..=12)
+                .map(|s| {
+                    held.tick(s * 1000);
+                    let (_, _, console) = cdu.step(&plan(0b1111), &mut held);
+                    said += console
+                        .matches("heartbeat sent on the writes' echo")
+                        .count();
+                    if s == 12 {
+                        assert!(held.withheld_why().is_none(), "{why}");
+                    } else if s > 0 && s < 10 {
+                        let line = held.withheld_why().map(|w| w.to_string());
+                        let line = line.unwrap_or_default();
+                        assert!(line.ends_with(why), "{why}: {line}");
+                    }
+                    cdu.writes.contains(&"heartbeat")
+                })
+                .collect();
+            let mut want = [false; 13];
+            want[10..].fill(true);
+            assert_eq!(beats, want, "{why}");
+            assert_eq!(said, 1, "{why}");
         }
+    }
+
+    /// Every safety setting of the plan must read back held: a start whose
+    /// valve write is refused while the pumps and the lead read back held
+    /// proves nothing, so the second step writes no heartbeat; once the
+    /// valves read back held too, it goes from the next step.
+    #[test]
+    fn after_a_start_a_safety_write_that_did_not_go_in_proves_nothing() {
+        let mut cdu = Cdu::new();
+        let mut held = SafetyHeld::default();
+        cdu.refuses_write.push("valves_open");
+        cdu.step(&plan(0b1111), &mut held);
+        cdu.refuses_write.clear();
+        let (o, _, _) = cdu.step(&plan(0b1111), &mut held);
+        assert!(!cdu.writes.contains(&"heartbeat"), "{:?}", o.tried);
+        let (o, _, _) = cdu.step(&plan(0b1111), &mut held);
+        assert!(cdu.writes.contains(&"heartbeat"), "{:?}", o.tried);
+    }
+
+    /// A start whose first read-back finds the pumps not held: the
+    /// heartbeat's failure says a setting is found not held, not the
+    /// start's wait, and the status line names it.
+    #[test]
+    fn after_a_start_a_setting_found_not_held_is_the_heartbeats_failure() {
+        let mut cdu = Cdu::new();
+        let mut held = SafetyHeld::default();
+        cdu.ignores.push("pumps_run");
+        let pumps = holding("pumps_run").map(|r| r.address).unwrap();
+        cdu.holding.insert(pumps, 0b11);
+        let (o, _, _) = cdu.step(&plan(0b1111), &mut held);
+        assert_eq!(why(&o, Setting::Heartbeat).as_deref(), Some(UNPROVEN));
+        let (o, _, _) = cdu.step(&plan(0b1111), &mut held);
+        let failure = why(&o, Setting::Heartbeat).unwrap_or_default();
+        assert!(
+            failure.contains("does not hold a safety setting")
+                && !failure.contains("read back first"),
+            "{failure}"
+        );
+        let status = held.withheld_why().map(|w| w.to_string());
+        assert!(status.unwrap_or_default().contains("pumps_run"));
     }
 
     /// The status line's why of the heartbeat withheld: from the start
@@ -1345,11 +1481,13 @@ mod boot {
         let why = |h: &SafetyHeld| h.withheld_why().map(|w| w.to_string());
         let mut cdu = Cdu::new();
         let mut held = SafetyHeld::default();
-        assert_eq!(why(&held).as_deref(), Some(SINCE_START));
+        let start = format!("{SINCE_START}: none read back yet");
+        assert_eq!(why(&held), Some(start));
         assert!(UNPROVEN.ends_with(SINCE_START));
         cdu.silent = true;
         cdu.step(&plan(0b1111), &mut held);
-        assert_eq!(why(&held).as_deref(), Some(SINCE_START), "unanswered");
+        let said = format!("{SINCE_START}: unanswered");
+        assert_eq!(why(&held), Some(said), "unanswered");
         cdu.silent = false;
         cdu.step(&plan(0b1111), &mut held);
         assert_eq!(why(&held), None, "read back held");

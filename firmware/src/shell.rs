@@ -308,6 +308,7 @@ impl Shell {
     pub fn step(&mut self, ctl: &mut Controller<'_>, tick: u32) {
         let start_us = clock::now_us();
         let now_ms = start_us / 1000;
+        self.safety.tick(now_ms);
         self.budget = StepBudget::new(start_us, budget::STEP_BUDGET_US, TRANSACTION);
         self.work = (0, icount::now());
         let keep = self.settle_clears(ctl);
