@@ -27,12 +27,16 @@
 //!   ([`Increase::floor`]); the PCIe sustain is judged on it.
 //! - *streak*: how long a condition has held ([`Streak`]); paused over
 //!   samples that cannot judge it (its start moved forward by their
-//!   time past [`STREAK_GRACE_MS`] since the last known one), so it
-//!   never grows over a long gap not known.
+//!   time past a grace since the last known one, up to the next known
+//!   one: [`STREAK_GRACE_MS`] for PCIe replays, none for the counters
+//!   read every period), so it never grows over a long gap not known.
+//! - *least count*: what a sample that did not read a counter read
+//!   every period is judged on, the newest read's value held to it
+//!   ([`Window::held_to`]): no more than the reads prove.
 //! - *rate*: a counter's window and its streak above the limit
 //!   ([`Rate`]), the same for the three rates: a sample that does not
 //!   know the counter ([`Read::Unknown`]) adds no point and pauses the
-//!   streak.
+//!   streak (a counter read every period: judged on its least count).
 
 use std::collections::VecDeque;
 
@@ -140,9 +144,26 @@ impl Window {
     /// with): from the newest point at least `span` before the newest,
     /// else the oldest kept, to the newest, over the time between them.
     fn increase_over(&self, span: u64) -> Increase {
-        let Some(&(t, last)) = self.points.back() else {
-            return Increase::whole(0, 0);
-        };
+        match self.points.back() {
+            Some(&(t, last)) => self.increase_to(t, last, span),
+            None => Increase::whole(0, 0),
+        }
+    }
+
+    /// The least increase over the last `span` ms before `t`, a sample
+    /// that did not read the counter: as if read at `t` with the value of
+    /// its newest read (a counter never falls but at a reset, which
+    /// starts the window again), so no more than the reads prove.
+    fn held_to(&self, t: u64, span: u64) -> Increase {
+        match self.points.back() {
+            Some(&(lt, last)) if t >= lt => self.increase_to(t, last, span),
+            _ => Increase::whole(0, 0),
+        }
+    }
+
+    /// The increase to `last` at `t`: from the newest point at least
+    /// `span` before `t`, else the oldest kept, over the time between.
+    fn increase_to(&self, t: u64, last: u64, span: u64) -> Increase {
         // Points run oldest first: those at least `span` old come first.
         let old = self
             .points
@@ -186,10 +207,13 @@ impl Window {
     }
 }
 
-/// The longest time between reads a streak counts across as it would
-/// across reads made that far apart: the slow counters' longest
+/// The longest time between reads a PCIe replay streak counts across as
+/// it would across reads made that far apart: the slow counters' longest
 /// interval (`slow_counters_s` at most 60), so a counter whose reads
 /// fail but for one every so often is judged as one read that often.
+/// The counters read every period (corrected ECC, NVLink CRC) have
+/// none: a sample that does not read them is judged on the least the
+/// reads prove ([`Rate::minute`]).
 pub(super) const STREAK_GRACE_MS: u64 = 60_000;
 
 /// A condition that must hold for a while.
@@ -200,17 +224,27 @@ pub(super) struct Streak {
     last: Option<u64>,
     /// When it was last updated (known).
     known: Option<u64>,
+    /// Whether it was last paused past its grace: the time from that
+    /// sample to the next known one is not known either.
+    lapsed: bool,
 }
 
 impl Streak {
     /// `on`: seen now; `off`: clearly gone now; neither: keep as is.
     /// Returns how long it has held.
     pub(super) fn update(&mut self, t: u64, on: bool, off: bool) -> Option<u64> {
+        let lapsed = std::mem::take(&mut self.lapsed);
+        let unknown = self
+            .last
+            .filter(|_| lapsed)
+            .map_or(0, |l| t.saturating_sub(l));
         self.last = Some(t);
         self.known = Some(t);
         if on {
-            // A clock that stepped back restarts the streak.
-            let since = self.since.filter(|&s| s <= t).unwrap_or(t);
+            // A clock that stepped back restarts the streak; the time
+            // since a sample past the grace was not known.
+            let since = self.since.filter(|&s| s <= t);
+            let since = since.map_or(t, |s| s.saturating_add(unknown).min(t));
             self.since = Some(since);
             Some(t - since)
         } else {
@@ -221,18 +255,19 @@ impl Streak {
         }
     }
 
-    /// Not known now: the streak neither starts nor ends; past
-    /// [`STREAK_GRACE_MS`] since its last known update it is paused, its
-    /// start moved forward by the time not known beyond that, so a long
-    /// gap never lengthens it (judged again at the next read) while
-    /// reads that fail but for one every so often count as reads made
-    /// that far apart.
-    pub(super) fn pause(&mut self, t: u64) {
-        let graced = self.known.map_or(t, |k| k.saturating_add(STREAK_GRACE_MS));
+    /// Not known now: the streak neither starts nor ends; past `grace`
+    /// since its last known update it is paused, its start moved forward
+    /// by the time not known beyond that (to the next known update
+    /// included), so a long gap never lengthens it (judged again at the
+    /// next read) while reads that fail but for one every so often,
+    /// within the grace, count as reads made that far apart.
+    pub(super) fn pause(&mut self, t: u64, grace: u64) {
+        let graced = self.known.map_or(t, |k| k.saturating_add(grace));
         let from = self.last.map_or(graced, |l| l.max(graced));
         if let Some(since) = self.since {
             self.since = Some(since.saturating_add(t.saturating_sub(from)).min(t));
         }
+        self.lapsed = t >= graced;
         self.last = Some(t);
     }
 }
@@ -287,7 +322,13 @@ impl Rate {
     /// minute against `limit` per `limit_span` ms: takes `read` at `t`,
     /// and returns the minute's increase and how long its streak above
     /// the limit has held (`None`: not above, or not known now). A streak
-    /// ends once the minute is down to the limit.
+    /// ends once the minute is down to the limit. A sample that does not
+    /// know the counter is judged on the least the reads prove (the
+    /// newest read's value held to now, [`Window::held_to`]): while that
+    /// minute is above the limit the streak grows (a storm whose reads
+    /// fail but for one every so often); once it is not, the streak is
+    /// paused with no grace, so a gap between two bursts, whose minutes
+    /// read would have fallen to the limit, does not join them.
     fn minute(
         &mut self,
         t: u64,
@@ -296,9 +337,18 @@ impl Rate {
         limit_span: u64,
     ) -> (Increase, Option<u64>) {
         self.take(t, read, 60_000);
+        if let Read::Unknown = read {
+            let least = self.window.held_to(t, 60_000);
+            if least.above(60_000, limit, limit_span) {
+                self.high.update(t, true, false);
+            } else {
+                self.high.pause(t, 0);
+            }
+            return (least, None);
+        }
         let minute = self.window.increase_over(60_000);
         let on = minute.above(60_000, limit, limit_span);
-        (minute, self.judge(t, read, on, true))
+        (minute, self.high.update(t, on, true))
     }
 
     /// The streak at `t` after `read`: `on` and `off` as
@@ -306,7 +356,7 @@ impl Rate {
     /// ([`Streak::pause`]) and `None`.
     fn judge(&mut self, t: u64, read: Read, on: bool, off: bool) -> Option<u64> {
         if let Read::Unknown = read {
-            self.high.pause(t);
+            self.high.pause(t, STREAK_GRACE_MS);
             None
         } else {
             self.high.update(t, on, off)
@@ -498,11 +548,16 @@ impl HealthEngine {
     /// pauses the streak, never judged on values not known: the next read
     /// counts across the gap, and a failed read now and then neither
     /// restarts the count nor ends the streak (a counter that fell,
-    /// reset, starts the window again). Up to [`STREAK_GRACE_MS`] since
-    /// the last read the streak grows as across reads made that far
-    /// apart; past it, its start moves forward by the time not known, so
+    /// reset, starts the window again). For PCIe replays, up to
+    /// [`STREAK_GRACE_MS`] since the last read the streak grows as across
+    /// reads made that far apart; past it, its start moves forward by the
+    /// time not known, so
     /// a long gap of failed reads, whose counts the next read spreads
-    /// evenly over it, does not count towards the sustain. A PCIe streak
+    /// evenly over it, does not count towards the sustain. For ECC and
+    /// CRC errors, read every period, the 60 s would be their whole
+    /// sustain: a sample not knowing them is judged on the least count
+    /// the reads prove ([`Rate::minute`]), and the streak grows only while
+    /// that is above the limit. A PCIe streak
     /// ends only once the count over exactly the 2 minutes (interpolated
     /// start), its fraction kept, is down to the limit, so a steady rate
     /// from 8.5/min up is detected at any read interval, and replays in
