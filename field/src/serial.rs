@@ -48,6 +48,7 @@ pub mod request;
 pub mod session;
 
 use crate::console::{unanswered_text, ANSWER_LIMIT};
+use loopwarden_store::recorder::AuditBy;
 use password::Checked;
 use record::Record;
 use session::{Effect, Session, Settings, Spec};
@@ -162,7 +163,9 @@ pub trait SerialAgent: Send + Sync + 'static {
 /// an audit record: a storm of XIDs that fills the flash queue drops its
 /// own events first; records are dropped only past
 /// [`AUDIT_ROOM`](loopwarden_store::recorder::AUDIT_ROOM) more jobs,
-/// never into the room kept for critical events.
+/// never into the room kept for critical events, and those of someone
+/// not logged in past [`ANYONE_ROOM`](loopwarden_store::recorder::ANYONE_ROOM)
+/// ([`audit_by`]).
 /// A record it does not take is said as an error, with its JSON (which
 /// names its port): the first of a burst whole, the rest counted.
 pub fn flash_journal(
@@ -170,17 +173,40 @@ pub fn flash_journal(
 ) -> impl Fn(Record) + Send + Sync {
     let kind = record::CONSOLE_RECORD;
     journal(
-        move |body| recorder.append_kept(loopwarden_bus::now_ms(), kind, body),
+        move |by, body| recorder.append_kept(loopwarden_bus::now_ms(), kind, body, by),
         |line| tracing::error!("{line}"),
     )
 }
 
+/// Who caused a record: a logged-in operator for a login accepted, a
+/// command carried out (only a logged-in operator's run) and a logged-in
+/// session's end; anyone at the port for the rest (a session opened, a
+/// login refused, a command refused or not carried out, a session that
+/// never logged in closed), which must not push out an operator's.
+pub fn audit_by(what: &record::What) -> AuditBy {
+    use record::What;
+    match what {
+        What::LoginAccepted
+        | What::Command { ok: true, .. }
+        | What::SessionClosed {
+            logged_in: true, ..
+        } => AuditBy::Operator,
+        What::SessionOpened
+        | What::LoginRefused { .. }
+        | What::Command { ok: false, .. }
+        | What::SessionClosed {
+            logged_in: false, ..
+        } => AuditBy::Anyone,
+    }
+}
+
 /// The journal that hands each record's body to `keep` (the flash log),
+/// with who caused it,
 /// and says through `say` what it did not take: the first record of a
 /// burst whole, with a count each 1,000th; the burst's count when one is
 /// taken again.
 fn journal(
-    keep: impl Fn(Vec<u8>) -> bool + Send + Sync,
+    keep: impl Fn(AuditBy, Vec<u8>) -> bool + Send + Sync,
     say: impl Fn(String) + Send + Sync,
 ) -> impl Fn(Record) + Send + Sync {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -188,7 +214,7 @@ fn journal(
     let lost = AtomicU64::new(0);
     move |r| {
         let body = r.encode();
-        if keep(body.clone()) {
+        if keep(audit_by(&r.what), body.clone()) {
             let n = lost.swap(0, Ordering::Relaxed);
             if n > 1 {
                 say(format!(

@@ -37,8 +37,9 @@
 //! is dropped, counted and said as an error. A console's audit record
 //! ([`Recorder::append_kept`]) is queued beyond [`JOBS_MAX`] too, but
 //! only [`AUDIT_ROOM`] jobs beyond it, never into the critical events'
-//! room (anyone at a serial port can cause such records, logged in or
-//! not). Acks to refused commands are
+//! room; and one of someone not logged in (anyone at a serial port can
+//! cause it) only [`ANYONE_ROOM`] of those, the rest a logged-in
+//! operator's ([`AuditBy`]). Acks to refused commands are
 //! rate-limited before they get here, so a flood on a host's `cmd` topic
 //! cannot fill it.
 //!
@@ -55,6 +56,8 @@
 //! a restart reads it, not even with a power cut at the wrap.
 //!
 //! Glossary:
+//! - *audit record*: a console's record of a session, a login or a
+//!   state-changing command, kept past a storm's events.
 //! - *record*: an event-log entry (an event, or an accepted command kept
 //!   whole) or a config-store value (a GPU's health, the sequence floor).
 //! - *attach*: give the recorder the publisher (the bus) it publishes on;
@@ -183,6 +186,25 @@ pub const VITAL_MAX: usize = 4 * JOBS_MAX;
 /// up to [`VITAL_MAX`] that the critical events need.
 pub const AUDIT_ROOM: usize = 1024;
 
+/// Of [`AUDIT_ROOM`], the jobs beyond [`JOBS_MAX`] past which an audit
+/// record of someone not logged in ([`AuditBy::Anyone`]) is dropped: the
+/// rest stays a logged-in operator's, so a flood typed at the port
+/// cannot push out the record of an operator's command.
+pub const ANYONE_ROOM: usize = 512;
+
+/// Who caused an audit record, which sets the room it may wait in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditBy {
+    /// A logged-in operator (a login accepted, a command carried out, a
+    /// logged-in session closed): up to [`AUDIT_ROOM`] beyond
+    /// [`JOBS_MAX`].
+    Operator,
+    /// Anyone at the port (a session opened, a login or a command
+    /// refused, a session closed that never logged in): up to
+    /// [`ANYONE_ROOM`] beyond [`JOBS_MAX`].
+    Anyone,
+}
+
 /// The event-log kind of an agent's serial console record (a session, a
 /// login, a state-changing command; `loopwarden_field::serial::record`),
 /// its body JSON text. Agent-local: never a bus message.
@@ -203,8 +225,9 @@ enum Lane {
 enum Room {
     /// What can be lost: up to [`JOBS_MAX`].
     Droppable,
-    /// An audit record: [`AUDIT_ROOM`] beyond that.
-    Audit,
+    /// An audit record: [`AUDIT_ROOM`] beyond that, [`ANYONE_ROOM`]
+    /// for one of someone not logged in.
+    Audit(AuditBy),
     /// What must not be lost: up to [`VITAL_MAX`].
     Vital,
 }
@@ -351,7 +374,8 @@ impl Recorder {
         let vital = VITAL_MAX.max(self.bound);
         match room {
             Room::Droppable => self.bound,
-            Room::Audit => (self.bound + AUDIT_ROOM).min(vital),
+            Room::Audit(AuditBy::Operator) => (self.bound + AUDIT_ROOM).min(vital),
+            Room::Audit(AuditBy::Anyone) => (self.bound + ANYONE_ROOM).min(vital),
             Room::Vital => vital,
         }
     }
@@ -374,7 +398,7 @@ impl Recorder {
                 Room::Vital => tracing::error!(
                     "flash queue full ({limit} jobs): {what} dropped: the flash has fallen far behind"
                 ),
-                Room::Audit if n % 1000 == 0 => tracing::error!(
+                Room::Audit(_) if n % 1000 == 0 => tracing::error!(
                     "flash queue full ({limit} jobs, the most an audit record may wait behind): \
                      {what} dropped ({} jobs dropped since the start)",
                     n + 1
@@ -527,9 +551,10 @@ impl Recorder {
     /// state-changing command) to the event log without waiting: queued
     /// beyond [`JOBS_MAX`], behind a storm's events, and dropped (counted,
     /// said as an error once a thousand) past [`AUDIT_ROOM`] more jobs,
-    /// so as never to take the room of a critical event. Whether it was
-    /// taken: the caller says what it was when not.
-    pub fn append_kept(&self, time: TimestampMs, kind: u8, body: Vec<u8>) -> bool {
+    /// so as never to take the room of a critical event; one `by`
+    /// [`AuditBy::Anyone`] past [`ANYONE_ROOM`]. Whether it was taken:
+    /// the caller says what it was when not.
+    pub fn append_kept(&self, time: TimestampMs, kind: u8, body: Vec<u8>, by: AuditBy) -> bool {
         let job = Job::Append {
             time,
             kind,
@@ -538,7 +563,7 @@ impl Recorder {
         };
         self.hand(
             job,
-            Room::Audit,
+            Room::Audit(by),
             "an audit record for the event log",
             Lane::Fifo,
         )
@@ -812,7 +837,12 @@ mod tests {
         }
         r.append(TimestampMs(0), 1, vec![9]);
         assert_eq!(r.dropped(), 1, "the queue is full");
-        assert!(r.append_kept(TimestampMs(1), CONSOLE_RECORD, b"login".to_vec()));
+        assert!(r.append_kept(
+            TimestampMs(1),
+            CONSOLE_RECORD,
+            b"login".to_vec(),
+            AuditBy::Operator
+        ));
         assert_eq!(r.dropped(), 1, "the kept entry was not dropped");
         start_stalled(&r, rx);
         futures::executor::block_on(r.flush());
@@ -834,7 +864,14 @@ mod tests {
     fn audit_records_never_take_the_room_of_a_critical_event() {
         let (r, rx) = stalled(JOBS_MAX);
         let taken = (0..VITAL_MAX)
-            .filter(|_| r.append_kept(TimestampMs(1), CONSOLE_RECORD, b"{}".to_vec()))
+            .filter(|_| {
+                r.append_kept(
+                    TimestampMs(1),
+                    CONSOLE_RECORD,
+                    b"{}".to_vec(),
+                    AuditBy::Operator,
+                )
+            })
             .count();
         assert_eq!(taken, JOBS_MAX + AUDIT_ROOM);
         assert_eq!(r.dropped(), (VITAL_MAX - taken) as u64);
@@ -844,6 +881,43 @@ mod tests {
         };
         assert!(r.emit(leak, TimestampMs(2)), "the leak is kept");
         assert_eq!(fifo(&rx).len(), taken + 1);
+    }
+
+    /// Records of someone not logged in (a flood typed at the port while
+    /// the flash is stalled) fill only their part of the audit room: an
+    /// operator's record still finds a place.
+    #[test]
+    fn records_of_someone_not_logged_in_leave_room_for_an_operators() {
+        let (r, rx) = stalled(JOBS_MAX);
+        for _ in 0..JOBS_MAX {
+            r.append(TimestampMs(0), 1, vec![0]);
+        }
+        let refused = b"{\"what\":\"login_refused\"}".to_vec();
+        let taken = (0..AUDIT_ROOM)
+            .filter(|_| {
+                r.append_kept(
+                    TimestampMs(1),
+                    CONSOLE_RECORD,
+                    refused.clone(),
+                    AuditBy::Anyone,
+                )
+            })
+            .count();
+        assert_eq!(taken, ANYONE_ROOM);
+        assert_eq!(r.dropped(), (AUDIT_ROOM - ANYONE_ROOM) as u64);
+        let command = b"{\"what\":\"command\",\"line\":\"clear-leak 3\"}".to_vec();
+        assert!(
+            r.append_kept(
+                TimestampMs(2),
+                CONSOLE_RECORD,
+                command.clone(),
+                AuditBy::Operator
+            ),
+            "the operator's record is taken"
+        );
+        let jobs = fifo(&rx);
+        assert_eq!(jobs.len(), JOBS_MAX + ANYONE_ROOM + 1);
+        assert!(matches!(jobs.last(), Some(Job::Append { body, .. }) if *body == command));
     }
 
     #[test]

@@ -27,7 +27,7 @@ fn a_record_the_flash_log_does_not_take_is_said_with_its_json_and_port() {
     let j = {
         let (handed, said) = (handed.clone(), said.clone());
         journal(
-            move |_body| !(1..=4).contains(&handed.fetch_add(1, Ordering::Relaxed)),
+            move |_, _body| !(1..=4).contains(&handed.fetch_add(1, Ordering::Relaxed)),
             move |line| said.lock().unwrap().push(line),
         )
     };
@@ -54,7 +54,7 @@ fn one_record_not_taken_is_said_once() {
     let j = {
         let said = said.clone();
         journal(
-            move |_body| handed.fetch_add(1, Ordering::Relaxed) != 1,
+            move |_, _body| handed.fetch_add(1, Ordering::Relaxed) != 1,
             move |line| said.lock().unwrap().push(line),
         )
     };
@@ -62,4 +62,47 @@ fn one_record_not_taken_is_said_once() {
         j(refused(n));
     }
     assert_eq!(said.lock().unwrap().len(), 1);
+}
+
+/// Records anyone at the port can cause go to the flash log as such,
+/// so that a flood of them cannot push out a logged-in operator's.
+#[test]
+fn records_of_someone_not_logged_in_are_handed_over_as_anyones() {
+    use super::super::record::CloseReason;
+    let by = Arc::new(Mutex::new(Vec::new()));
+    let j = {
+        let by = by.clone();
+        journal(
+            move |who, _body| {
+                by.lock().unwrap().push(who);
+                true
+            },
+            |_| {},
+        )
+    };
+    let record = |what| Record {
+        port: "/dev/ttyS1".into(),
+        what,
+    };
+    let closed = |logged_in| What::SessionClosed {
+        why: CloseReason::Logout,
+        logged_in,
+    };
+    j(record(What::SessionOpened));
+    j(record(What::LoginRefused { in_a_row: 1 }));
+    j(refused(0));
+    j(record(closed(false)));
+    j(record(What::LoginAccepted));
+    j(record(What::Command {
+        line: "clear-leak 3".into(),
+        ok: true,
+        result: "leak on rack 3 cleared".into(),
+    }));
+    j(record(closed(true)));
+    use loopwarden_store::recorder::AuditBy::{Anyone, Operator};
+    let by = by.lock().unwrap();
+    assert_eq!(
+        *by,
+        [Anyone, Anyone, Anyone, Anyone, Operator, Operator, Operator]
+    );
 }
