@@ -50,7 +50,10 @@ impl fmt::Display for Version {
 }
 
 /// The version this crate speaks.
-pub const PROTOCOL: Version = Version { major: 2, minor: 10 };
+pub const PROTOCOL: Version = Version {
+    major: 2,
+    minor: 10,
+};
 
 /// The longest frame any node sends or accepts, in bytes.
 pub const MAX_FRAME_LEN: usize = 2048;
