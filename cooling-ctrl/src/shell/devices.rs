@@ -256,7 +256,9 @@ impl<P: CduPort> Devices<P> {
         now_ms: u64,
         stats: &mut ShellStats,
     ) -> Outcome {
-        self.start.tick(now_ms);
+        if self.start.tick(now_ms) {
+            self.say_wait_over();
+        }
         let mut outcome = Outcome::default();
         let mut first: Option<String> = None;
         let mut held = None;
@@ -495,6 +497,22 @@ impl<P: CduPort> Devices<P> {
                     tracing::error!("cooling shell: writing the CDU's settings: {msg}");
                 }
             }
+        }
+    }
+
+    /// The wait after the start over without proof: the heartbeat is
+    /// written on the writes' echo from this step, said so, unless a
+    /// read-back found a safety setting not held, which still withholds
+    /// it: then that is said (once).
+    fn say_wait_over(&mut self) {
+        let unheld = (self.unheld_safety().next()).map(|(s, why)| (s, why.to_string()));
+        match unheld {
+            None => self.start.say_echo(),
+            Some((s, why)) => tracing::warn!(
+                "cooling shell: the wait after the start is over; heartbeat still withheld: {} \
+                 not held ({why})",
+                s.register()
+            ),
         }
     }
 

@@ -182,8 +182,10 @@ fn after_a_start_a_read_back_that_proves_nothing_waits_for_the_bound_then_the_he
     let mut d = Devices::new(Restarted::new(Back::Unanswered), None);
     step_at(&mut d, 0, Back::Unanswered);
     let before = step_at(&mut d, DEFAULT_BOUND_MS - 1, Back::Unanswered);
+    let said_before = d.start.echo_said;
     let after = step_at(&mut d, DEFAULT_BOUND_MS, Back::Unanswered);
     assert_eq!((before.1, after.1), (false, true));
+    assert_eq!((said_before, d.start.echo_said), (false, true));
 }
 
 /// A read-back that finds a safety setting not held keeps the heartbeat
@@ -197,7 +199,12 @@ fn after_a_start_a_setting_read_back_not_held_keeps_the_heartbeat_withheld_past_
         .cycle()
         .take(9)
         .enumerate()
-        .map(|(s, back)| step_at(&mut d, s as u64 * 1000, back).1)
+        .map(|(s, back)| {
+            let written = step_at(&mut d, s as u64 * 1000, back).1;
+            // Never said sent while it is withheld.
+            assert!(!d.start.echo_said, "step {s}: heartbeat said sent");
+            written
+        })
         .collect();
     assert_eq!(beats, [false; 9]);
     let (_, held_now, _) = step_at(&mut d, 9000, Back::Held);

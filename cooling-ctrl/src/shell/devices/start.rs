@@ -39,6 +39,8 @@ pub(super) struct StartWait {
     why: Option<String>,
     /// The wait said in the log (once).
     said: bool,
+    /// The heartbeat said sent on the writes' echo past the bound (once).
+    pub(super) echo_said: bool,
 }
 
 impl StartWait {
@@ -49,17 +51,30 @@ impl StartWait {
             over: false,
             why: None,
             said: false,
+            echo_said: false,
         }
     }
 
     /// A step at `now_ms`: the first starts the wait; one past the bound
-    /// ends it without proof, said once with why.
-    pub(super) fn tick(&mut self, now_ms: u64) {
+    /// ends it without proof. `true`: it ended at this step, for the
+    /// caller to say ([`StartWait::say_echo`], or that the heartbeat is
+    /// still withheld by a setting read back not held).
+    pub(super) fn tick(&mut self, now_ms: u64) -> bool {
         let start = *self.started_ms.get_or_insert(now_ms);
         if self.over || now_ms.saturating_sub(start) < self.bound_ms {
-            return;
+            return false;
         }
         self.over = true;
+        true
+    }
+
+    /// The wait over without proof and the heartbeat written on the
+    /// writes' echo: said once, with why.
+    pub(super) fn say_echo(&mut self) {
+        if self.echo_said {
+            return;
+        }
+        self.echo_said = true;
         tracing::warn!(
             "cooling shell: heartbeat sent on the writes' echo: no read-back proved the safety \
              settings held within {} s of the start: {}",
