@@ -213,6 +213,8 @@ enum Why {
     NotWritten(&'static str),
     /// A run failed or was not asked.
     Unread(Unread),
+    /// A safety setting read back not held.
+    NotHeld,
 }
 
 /// The wait after the start, for the status line: why the read-back has
@@ -234,6 +236,7 @@ impl fmt::Display for Waiting {
             }
             Some(Why::Unread(Unread::Port(RtuError::NoAnswer { .. }))) => f.write_str("unanswered"),
             Some(Why::Unread(u)) => write!(f, "failed: {}", Reason(&u)),
+            Some(Why::NotHeld) => f.write_str("read back not held"),
         }
     }
 }
@@ -479,13 +482,20 @@ pub fn write_step<P: HoldingPort>(
 ) -> (Outcome, Option<Change>) {
     if !held.read_held && held.past_bound() {
         held.read_held = true;
-        let _ = writeln!(
-            console,
-            "heartbeat sent on the writes' echo: no read-back proved the safety settings held \
-             within {} s of the start: {}",
-            START_BOUND_MS / 1000,
-            held.waiting
-        );
+        let _ = match held.unheld.first() {
+            Some(n) => writeln!(
+                console,
+                "the wait after the start is over; heartbeat still withheld: {} not held",
+                n.setting.register()
+            ),
+            None => writeln!(
+                console,
+                "heartbeat sent on the writes' echo: no read-back proved the safety settings \
+                 held within {} s of the start: {}",
+                START_BOUND_MS / 1000,
+                held.waiting
+            ),
+        };
     }
     let withheld = held.beat_withheld();
     let mut outcome = writes::execute(port, plan, withheld);
@@ -556,7 +566,7 @@ pub fn write_step<P: HoldingPort>(
     if !held.read_held {
         match proven.why {
             None if found.is_empty() => held.read_held = true,
-            why => held.waiting.0 = why.or(held.waiting.0),
+            why => held.waiting.0 = Some(why.unwrap_or(Why::NotHeld)),
         }
     }
     // The heartbeat withheld this step or from the next step on: the
@@ -1471,6 +1481,23 @@ mod boot {
         );
         let status = held.withheld_why().map(|w| w.to_string());
         assert!(status.unwrap_or_default().contains("pumps_run"));
+        // Past the bound it stays withheld, and is never said sent.
+        let mut cdu = Cdu::new();
+        let mut held = SafetyHeld::default();
+        cdu.ignores.push("pumps_run");
+        cdu.holding.insert(pumps, 0b11);
+        let mut over = 0;
+        for s in 0..=12 {
+            held.tick(s * 1000);
+            let (_, _, console) = cdu.step(&plan(0b1111), &mut held);
+            assert!(!console.contains("heartbeat sent"), "{s}: {console}");
+            assert!(!cdu.writes.contains(&"heartbeat"), "{s}: heartbeat written");
+            over += console
+                .matches("the wait after the start is over; heartbeat still withheld: pumps_run not held")
+                .count();
+        }
+        assert_eq!(over, 1);
+        assert!(held.waiting.to_string().ends_with("read back not held"));
     }
 
     /// The status line's why of the heartbeat withheld: from the start
