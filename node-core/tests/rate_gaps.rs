@@ -1,6 +1,7 @@
 //! The rate rules across samples that do not know a counter: failed
 //! reads of corrected ECC and NVLink CRC counters (read every period),
-//! judged only on what the reads before and after the gap prove.
+//! judged only on what the reads before and after the gap prove, and
+//! missed samples (a host stall), judged as failed reads of every rate.
 
 use loopwarden_protocol::{HealthState, ReasonCode, TimestampMs, Unsupported};
 use node_core::health::{HealthEngine, Limits, Observation, Policy};
@@ -63,4 +64,50 @@ fn a_gap_of_failed_reads_between_two_bursts_does_not_join_them_into_one_streak()
         let found = rate_degraded(reason, count, gap, 400_000);
         assert_eq!(found, None, "{reason}, reads failing from 62 to 120 s");
     }
+}
+
+/// A host stall (both GPUs missing their samples from 30 to 150 s) in a
+/// PCIe replay storm (24/min on GPU 0, from the start) counts towards the
+/// 2-minute sustain only as a gap of failed reads does: up to 60 s since
+/// the last read, not the stall's 120 s. Missed samples did not pause the
+/// streak, and the first sample after the stall found it 128 s old and
+/// degraded the GPU at once (151 s).
+#[test]
+fn a_host_stall_does_not_lengthen_a_rate_streak() {
+    let limits = Limits {
+        max_operating_c: 87.0,
+    };
+    let mut e = HealthEngine::new(2, limits, Policy::default(), TimestampMs(0));
+    let mut found = None;
+    for t in (0..400_000).step_by(1_000) {
+        for gpu in 0..2u8 {
+            if (31_000..=150_000).contains(&t) {
+                e.missed(TimestampMs(t), gpu);
+                continue;
+            }
+            let mut o = Observation {
+                temp: 60.0,
+                power: 300.0,
+                power_limit: 700.0,
+                sm_clock: 1980.0,
+                util: 90.0,
+                ..Observation::default()
+            };
+            if gpu == 0 {
+                o.pcie_replay = 24 * t / 60_000;
+            }
+            e.sample(TimestampMs(t), gpu, &o);
+        }
+        let s = e.status(0).expect("GPU 0");
+        if s.state == HealthState::Degraded && s.reason == ReasonCode::PCIE_REPLAY_RATE {
+            found = Some(t);
+            break;
+        }
+    }
+    // The streak starts at 23 s (9 replays in the minute), 7 s read
+    // before the stall and 60 s across it: 53 s more after it.
+    assert!(
+        found.is_some_and(|t| (200_000..=210_000).contains(&t)),
+        "{found:?}"
+    );
 }

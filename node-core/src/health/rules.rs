@@ -594,6 +594,18 @@ impl HealthEngine {
         self.raise_rate(t, g, crc_rate, crc_min, crc_held, out);
     }
 
+    /// `g` missed its sample at `t`: no counter is known, so each rate
+    /// is judged as on a failed read of its counter (the PCIe streak
+    /// paused past its grace, the others judged on their least count),
+    /// and a stall never counts towards a sustain as if read.
+    pub(super) fn rates_not_known(&mut self, t: u64, g: usize) {
+        let p = self.policy;
+        let tr = &mut self.gpus[g];
+        tr.pcie.high.pause(t, STREAK_GRACE_MS);
+        tr.sbe.minute(t, Read::Unknown, p.sbe_per_min, 60_000);
+        tr.crc.minute(t, Read::Unknown, p.nvlink_crc_per_s, 1_000);
+    }
+
     /// The PCIe replay rate ([`HealthEngine::sustained_rates`]): its
     /// window takes the sample's read, its streak is judged, and the GPU
     /// is degraded once more than the limit's whole replays over exactly

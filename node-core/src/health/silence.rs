@@ -18,6 +18,10 @@
 //! peers are lost with it (a baseboard or PCIe switch that fails takes
 //! them all).
 //!
+//! A miss knows none of the rates' counters: each rate is judged as on a
+//! failed read of its counter (`rules`), so a stall never counts towards
+//! a rate's sustain as if the GPU had been read.
+//!
 //! The first miss of a lone silent GPU counts against it only if a
 //! witness has already answered since, so at a 1 s period a GPU that
 //! falls silent alone is quarantined about one period later than a plain
@@ -74,6 +78,9 @@ impl HealthEngine {
         }
         let t = now.0;
         self.judge_rounds(t, false, &mut out);
+        // The rates' counters are not known: their streaks do not grow
+        // over the miss as if read.
+        self.rates_not_known(t, g);
         let (first, previous) = {
             let tr = &mut self.gpus[g];
             tr.missed += 1;
