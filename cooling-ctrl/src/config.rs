@@ -31,7 +31,7 @@
 //! | `serial_data_bits` | 8 | 8: Modbus RTU; 7 (Modbus ASCII, which the controller does not speak) is refused |
 //! | `serial_stop_bits` | 1 | 1 or 2 |
 //! | `register_map` | none (required with a site sign key; the simulated CDU's with `demo_key`; the gateway needs none: its microcontroller carries its map) | a register map TOML; its `supply_setpoint` range must meet the site's setpoints (the lowest its dew point allows to `max_setpoint_c`), else refused naming both |
-//! | `site_figures` | none (required with a site sign key; the twin's hall with `demo_key`) | a site figures TOML (`SiteConfig`) |
+//! | `site_figures` | none (required with a site sign key; the twin's hall with `demo_key`) | a site figures TOML (`SiteConfig`); its `[loop] heartbeat_timeout_s`, where given, a finite number of seconds above 0; left out on a real CDU, warned of at start (the wait after a start takes 10 s) |
 //! | `hosts` | none (one of `hosts` and `hosts_pattern` required with a site sign key; fewer than the hall's hosts is said at start) | host ids, rack-major |
 //! | `hosts_pattern` | none | host ids from `{rack}`, `{host}`, `{index}` (`{index:02}` pads) |
 //! | `period_ms` | 1000 | control period, 100 to 60000, and at most a third of the CDU's heartbeat timeout where the site figures give it (`[loop] heartbeat_timeout_s`; the twin's: 10 s), so the CDU never falls back between two heartbeat writes |
@@ -310,7 +310,9 @@ pub fn resolve_for(
     broker_and_site(&src, &common, purpose, key.demo)?;
     let (link, map) = link_and_map(&src, &file, flags, purpose, key.demo)?;
     console_apart(&src, &common, link.as_ref())?;
-    let (mut core, heartbeat) = core_config(&src, &file, flags, key.demo)?;
+    let plant = core_config(&src, &file, flags, key.demo)?;
+    let (mut core, heartbeat) = (plant.core, plant.heartbeat);
+    let no_heartbeat = plant.no_heartbeat.filter(|_| purpose == Purpose::Run);
     if let Some(m) = &map {
         map_fits(&src, flags, m, &core)?;
     }
@@ -386,7 +388,9 @@ pub fn resolve_for(
         metrics_listen,
         board,
         opt_outs: opt_out.into_iter().chain(rope_opt_out).collect(),
-        warnings: hosts_warning.into_iter().chain(warning).collect(),
+        warnings: (hosts_warning.into_iter().chain(warning))
+            .chain(no_heartbeat)
+            .collect(),
     })
 }
 
@@ -986,6 +990,24 @@ mod tests {
             "the fallback the core plans with when no sensor reads"
         );
         assert_eq!(c.flash.as_deref(), Some(Path::new("/tmp/x.flash")));
+        // Figures that leave out the real CDU's heartbeat timeout: warned
+        // of at start, naming the key, the file and the bound taken.
+        let said: Vec<&String> = (c.warnings.iter())
+            .filter(|w| w.contains("heartbeat_timeout_s"))
+            .collect();
+        assert_eq!(said.len(), 1, "{:?}", c.warnings);
+        let said = said[0];
+        assert!(
+            said.contains(&figures.display().to_string()) && said.contains("at most 10 s"),
+            "{said}"
+        );
+        std::fs::write(
+            &figures,
+            "racks = 2\nhosts_per_rack = 3\n[loop]\nheartbeat_timeout_s = 10\n",
+        )
+        .unwrap();
+        let c = from(&text).expect("valid");
+        assert!(!c.warnings.iter().any(|w| w.contains("heartbeat_timeout_s")));
         // A list, and another CDU's key refused.
         let text = format!(
             "site = \"hall-1\"\ncdu = \"c\"\nsign_key = {keys:?}\ncdu_tcp = \"127.0.0.1:502\"\nhosts = [\"a\", \"b\"]\nbroker = \"10.0.0.5\"\n"
@@ -1047,7 +1069,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let keys = sign_key_file(dir.path(), "cdu-2", 4);
         let figures = dir.path().join("site.toml");
-        std::fs::write(&figures, "racks = 2\nhosts_per_rack = 3\n").unwrap();
+        let loop_ = "[loop]\nheartbeat_timeout_s = 10\n";
+        std::fs::write(&figures, format!("racks = 2\nhosts_per_rack = 3\n{loop_}")).unwrap();
         let map = dir.path().join("map.toml");
         std::fs::write(&map, include_str!("../../boards/cdus/sim-cdu.toml")).unwrap();
         let base = format!(

@@ -89,17 +89,30 @@ pub(super) struct HeartbeatTimeout {
     pub(super) figures: String,
 }
 
+/// The control core's configuration from the site figures, with the
+/// CDU's heartbeat timeout where they give it, and a warning where a real
+/// CDU's figures do not ([`core_config`]).
+pub(super) struct Plant {
+    pub(super) core: CoreConfig,
+    pub(super) heartbeat: Option<HeartbeatTimeout>,
+    /// The figures of a real CDU (no demonstration key) leave out its
+    /// heartbeat timeout: the wait after a start takes 10 s.
+    pub(super) no_heartbeat: Option<String>,
+}
+
 /// The control core's configuration from the site figures (the file
 /// given; with the demonstration key only, the twin's hall), checked; its
 /// errors name that file. With it the CDU's heartbeat timeout where the
-/// figures say it (the twin's hall does: its CDU falls back after it);
-/// figures that leave the key out say nothing of the real CDU's.
+/// figures say it (the twin's hall does: its CDU falls back after it),
+/// refused unless a finite number of seconds above 0; figures that leave
+/// the key out say nothing of the real CDU's (warned of without the
+/// demonstration key).
 pub(super) fn core_config(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,
     demo: bool,
-) -> Result<(CoreConfig, Option<HeartbeatTimeout>), ConfigError> {
+) -> Result<Plant, ConfigError> {
     let (figures, figures_path, heartbeat_given) = match pick!(
         flags.site_figures,
         file.site_figures,
@@ -144,11 +157,35 @@ pub(super) fn core_config(
         line: None,
         message: format!("for the control core: {e}"),
     })?;
+    let s = figures.secondary.heartbeat_timeout_s;
+    if heartbeat_given && !(s.is_finite() && s > 0.0) {
+        return Err(ConfigError {
+            origin: figures_origin(),
+            line: None,
+            message: format!(
+                "[loop] heartbeat_timeout_s = {s}: the CDU's heartbeat timeout must be a finite \
+                 number of seconds above 0 (it bounds the control period and the wait for a \
+                 read-back after a start)"
+            ),
+        });
+    }
+    let no_heartbeat = (!heartbeat_given && !demo).then(|| {
+        format!(
+            "the site figures ({}) do not give the CDU's heartbeat timeout ([loop] \
+             heartbeat_timeout_s): after a start the heartbeat waits at most 10 s for a \
+             read-back, and the period is not checked against the CDU's timeout",
+            figures_origin()
+        )
+    });
     let heartbeat = heartbeat_given.then(|| HeartbeatTimeout {
-        s: figures.secondary.heartbeat_timeout_s,
+        s,
         figures: figures_origin(),
     });
-    Ok((core, heartbeat))
+    Ok(Plant {
+        core,
+        heartbeat,
+        no_heartbeat,
+    })
 }
 
 /// The racks declared without a leak rope, as a mask; each must be a rack

@@ -232,6 +232,34 @@ mod tests {
         assert_eq!(with(""), None);
     }
 
+    /// A CDU heartbeat timeout that is no number of seconds (`inf`,
+    /// `nan`) or none above 0 is refused at load, naming the key and the
+    /// figures: `inf` passed the period's check and bounded the wait
+    /// after a start by never, so a CDU whose read-back proves nothing
+    /// got no heartbeat at all.
+    #[test]
+    fn a_heartbeat_timeout_that_is_no_finite_time_is_refused_naming_the_key_and_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let figures = dir.path().join("site.toml");
+        let with = |loop_: &str| {
+            let hall = "racks = 4\nhosts_per_rack = 4\n";
+            std::fs::write(&figures, format!("{hall}{loop_}")).unwrap();
+            let text = format!("{MIN}site_figures = {figures:?}\n");
+            resolve(Some(Path::new("cdu.toml")), &text, &Overrides::default())
+                .map(|c| c.heartbeat_timeout)
+                .map_err(|e| e.to_string())
+        };
+        for bad in ["inf", "+inf", "nan", "0", "-2"] {
+            let e = with(&format!("[loop]\nheartbeat_timeout_s = {bad}\n")).unwrap_err();
+            assert!(
+                e.contains("heartbeat_timeout_s") && e.contains(&figures.display().to_string()),
+                "{bad}: {e}"
+            );
+        }
+        let ok = with("[loop]\nheartbeat_timeout_s = 10\n");
+        assert_eq!(ok, Ok(Some(Duration::from_secs(10))));
+    }
+
     #[test]
     fn the_modbus_timeout_leaves_room_for_a_read_and_a_write() {
         // The default: a silent CDU's read and write fit the period with
