@@ -165,39 +165,18 @@ pub trait SerialAgent: Send + Sync + 'static {
 /// [`AUDIT_ROOM`](loopwarden_store::recorder::AUDIT_ROOM) more jobs,
 /// never into the room kept for critical events, and those of someone
 /// not logged in past [`ANYONE_ROOM`](loopwarden_store::recorder::ANYONE_ROOM)
-/// ([`audit_by`]).
+/// (who caused a record is the session's login when it was made:
+/// [`Effect::Record`]).
 /// A record it does not take is said as an error, with its JSON (which
 /// names its port): the first of a burst whole, the rest counted.
 pub fn flash_journal(
     recorder: loopwarden_store::recorder::Recorder,
-) -> impl Fn(Record) + Send + Sync {
+) -> impl Fn(Record, AuditBy) + Send + Sync {
     let kind = record::CONSOLE_RECORD;
     journal(
         move |by, body| recorder.append_kept(loopwarden_bus::now_ms(), kind, body, by),
         |line| tracing::error!("{line}"),
     )
-}
-
-/// Who caused a record: a logged-in operator for a login accepted, a
-/// command carried out (only a logged-in operator's run) and a logged-in
-/// session's end; anyone at the port for the rest (a session opened, a
-/// login refused, a command refused or not carried out, a session that
-/// never logged in closed), which must not push out an operator's.
-pub fn audit_by(what: &record::What) -> AuditBy {
-    use record::What;
-    match what {
-        What::LoginAccepted
-        | What::Command { ok: true, .. }
-        | What::SessionClosed {
-            logged_in: true, ..
-        } => AuditBy::Operator,
-        What::SessionOpened
-        | What::LoginRefused { .. }
-        | What::Command { ok: false, .. }
-        | What::SessionClosed {
-            logged_in: false, ..
-        } => AuditBy::Anyone,
-    }
 }
 
 /// The journal that hands each record's body to `keep` (the flash log),
@@ -208,13 +187,13 @@ pub fn audit_by(what: &record::What) -> AuditBy {
 fn journal(
     keep: impl Fn(AuditBy, Vec<u8>) -> bool + Send + Sync,
     say: impl Fn(String) + Send + Sync,
-) -> impl Fn(Record) + Send + Sync {
+) -> impl Fn(Record, AuditBy) + Send + Sync {
     use std::sync::atomic::{AtomicU64, Ordering};
     // Records not taken in a row.
     let lost = AtomicU64::new(0);
-    move |r| {
+    move |r, by| {
         let body = r.encode();
-        if keep(audit_by(&r.what), body.clone()) {
+        if keep(by, body.clone()) {
             let n = lost.swap(0, Ordering::Relaxed);
             if n > 1 {
                 say(format!(
@@ -334,7 +313,7 @@ const REOPEN_AFTER: Duration = Duration::from_secs(5);
 pub async fn serve<A, J>(console: SerialConsole, agent: Arc<A>, journal: J)
 where
     A: SerialAgent,
-    J: Fn(Record) + Send + Sync,
+    J: Fn(Record, AuditBy) + Send + Sync,
 {
     if let Some(hash) = console.password_hash.clone() {
         let timed = tokio::task::spawn_blocking(move || {
@@ -423,7 +402,7 @@ pub async fn run<S, A, J>(
 where
     S: AsyncRead + AsyncWrite + Unpin,
     A: SerialAgent,
-    J: Fn(Record),
+    J: Fn(Record, AuditBy),
 {
     let (reader, writer) = tokio::io::split(port);
     let mut shell = Shell {
@@ -439,8 +418,8 @@ where
     };
     let e = shell.serve(session).await;
     for effect in session.line_lost() {
-        if let Effect::Record(what) = effect {
-            shell.record(what);
+        if let Effect::Record(what, by) = effect {
+            shell.record(what, by);
         }
     }
     e
@@ -467,7 +446,7 @@ impl<S, A, J> Shell<'_, S, A, J>
 where
     S: AsyncRead + AsyncWrite + Unpin,
     A: SerialAgent,
-    J: Fn(Record),
+    J: Fn(Record, AuditBy),
 {
     /// Steady ms on the session's clock.
     fn now(&self) -> u64 {
@@ -554,7 +533,7 @@ where
                     write_moving(&mut self.writer, &bytes).await?;
                     session.shown(self.now());
                 }
-                Effect::Record(what) => self.record(what),
+                Effect::Record(what, by) => self.record(what, by),
                 Effect::Run { .. } if self.ctrl_c_typed() => {
                     // Ctrl-C came with the Enter key (a paste, a console
                     // server batching keys): the command is not started.
@@ -625,7 +604,7 @@ where
                 Effect::Write(bytes) | Effect::WriteWhole(bytes) => {
                     write_moving(&mut self.writer, &bytes).await?
                 }
-                Effect::Record(what) => self.record(what),
+                Effect::Record(what, by) => self.record(what, by),
                 Effect::Run { .. } | Effect::Verify(_) => {}
             }
         }
@@ -681,11 +660,14 @@ where
         checked
     }
 
-    fn record(&self, what: record::What) {
-        (self.journal)(Record {
-            port: self.console.port.display().to_string(),
-            what,
-        });
+    fn record(&self, what: record::What, by: AuditBy) {
+        (self.journal)(
+            Record {
+                port: self.console.port.display().to_string(),
+                what,
+            },
+            by,
+        );
     }
 }
 

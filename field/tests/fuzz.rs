@@ -371,8 +371,8 @@ fn observe(
             Effect::Run { .. } | Effect::Verify(_) => {
                 return Err(format!("{e:?} not as the last effect of a step of input"))
             }
-            Effect::Record(What::SessionClosed { .. }) => m.accepted = false,
-            Effect::Record(_) => {}
+            Effect::Record(What::SessionClosed { .. }, _) => m.accepted = false,
+            Effect::Record(..) => {}
         }
     }
     if session.logged_in() && !m.accepted {

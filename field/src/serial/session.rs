@@ -2,7 +2,8 @@
 //! idle timeout; a pure state machine. Bytes and times (ms of a steady
 //! clock) come in; [`Effect`]s come out, for the shell to carry out:
 //! bytes to write, a command for the agent, a password to check, a record
-//! for the flash log. No I/O, no clock, no hashing here.
+//! for the flash log with who caused it (the session's login when it was
+//! made, not the command's outcome). No I/O, no clock, no hashing here.
 //!
 //! Built in: `help`, `login`, `logout` (also `exit`, `quit`). Every other
 //! command is the agent's ([`Spec`]); one that changes state is refused
@@ -32,6 +33,7 @@
 
 use super::line::{Edit, LineEditor};
 use super::record::{CloseReason, What};
+use loopwarden_store::recorder::AuditBy;
 
 /// One of the agent's commands, for `help` and for the login check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,8 +94,11 @@ pub enum Effect {
     },
     /// Check this password; answer with [`Session::verified`].
     Verify(String),
-    /// Put this in the flash log.
-    Record(What),
+    /// Put this in the flash log, caused by whom: an operator for what
+    /// a logged-in session did (its command answered `ok: false` or not
+    /// run included), anyone at the port for what a session not logged
+    /// in did (opened, a login refused, a command refused, closed).
+    Record(What, AuditBy),
 }
 
 /// Where the login stands.
@@ -295,7 +300,7 @@ impl Session {
         }
         if !self.open {
             self.open = true;
-            out.push(Effect::Record(What::SessionOpened));
+            out.push(Effect::Record(What::SessionOpened, self.by()));
         }
         match edit {
             Edit::Cancelled => {
@@ -385,11 +390,15 @@ impl Session {
             (true, true, _) => Some(format!("{} changes state: log in first (login)", spec.name)),
         };
         if let Some(why) = refusal {
-            out.push(Effect::Record(What::Command {
-                line: line.to_string(),
-                ok: false,
-                result: format!("refused: {why}"),
-            }));
+            let by = self.by();
+            out.push(Effect::Record(
+                What::Command {
+                    line: line.to_string(),
+                    ok: false,
+                    result: format!("refused: {why}"),
+                },
+                by,
+            ));
             out.push(self.say(&format!("refused: {why}")));
             return;
         }
@@ -444,7 +453,10 @@ impl Session {
     /// Ends the session for `why`: its record, a word, and the greeting.
     fn close(&mut self, why: CloseReason, out: &mut Vec<Effect>) {
         let logged_in = self.login == Login::In;
-        out.push(Effect::Record(What::SessionClosed { why, logged_in }));
+        out.push(Effect::Record(
+            What::SessionClosed { why, logged_in },
+            self.by(),
+        ));
         let idle_s = self.idle_ms() / 1000;
         let word = match (why, logged_in) {
             (CloseReason::Idle, true) => format!("logged out after {idle_s} s idle"),
@@ -485,11 +497,14 @@ impl Session {
         self.last_ms = self.last_ms.max(now);
         let mut out = Vec::new();
         if changes_state {
-            out.push(Effect::Record(What::Command {
-                line,
-                ok,
-                result: text.trim().to_string(),
-            }));
+            out.push(Effect::Record(
+                What::Command {
+                    line,
+                    ok,
+                    result: text.trim().to_string(),
+                },
+                self.by(),
+            ));
             out.push(Effect::WriteWhole(self.said(text)));
         } else {
             out.push(self.say(text));
@@ -514,7 +529,10 @@ impl Session {
             } else {
                 "logged in: this console offers no state-changing commands".into()
             };
-            return vec![Effect::Record(What::LoginAccepted), self.say(&text)];
+            return vec![
+                Effect::Record(What::LoginAccepted, self.by()),
+                self.say(&text),
+            ];
         }
         self.refused = self.refused.saturating_add(1);
         let lock = lock_ms(self.refused);
@@ -525,9 +543,12 @@ impl Session {
             lock / 1000
         );
         vec![
-            Effect::Record(What::LoginRefused {
-                in_a_row: self.refused,
-            }),
+            Effect::Record(
+                What::LoginRefused {
+                    in_a_row: self.refused,
+                },
+                self.by(),
+            ),
             self.say(&text),
         ]
     }
@@ -586,11 +607,14 @@ impl Session {
         let mut out = Vec::new();
         let said = format!("^C: {} not run", truncate(&line, 40));
         if changes_state {
-            out.push(Effect::Record(What::Command {
-                line,
-                ok: false,
-                result: "not run: Ctrl-C came before it started".into(),
-            }));
+            out.push(Effect::Record(
+                What::Command {
+                    line,
+                    ok: false,
+                    result: "not run: Ctrl-C came before it started".into(),
+                },
+                self.by(),
+            ));
         }
         let mut bytes = format!("\r\n{said}\r\n").into_bytes();
         bytes.extend(self.prompt());
@@ -600,12 +624,28 @@ impl Session {
 
     /// The port failed: the session (if any) ends; its record.
     pub fn line_lost(&mut self) -> Vec<Effect> {
-        let was = self.open.then(|| What::SessionClosed {
-            why: CloseReason::LineLost,
-            logged_in: self.login == Login::In,
+        let was = self.open.then(|| {
+            Effect::Record(
+                What::SessionClosed {
+                    why: CloseReason::LineLost,
+                    logged_in: self.login == Login::In,
+                },
+                self.by(),
+            )
         });
         self.reset();
-        was.map(Effect::Record).into_iter().collect()
+        was.into_iter().collect()
+    }
+}
+
+impl Session {
+    /// Who causes a record now: an operator while logged in, anyone at
+    /// the port otherwise.
+    fn by(&self) -> AuditBy {
+        match self.login {
+            Login::In => AuditBy::Operator,
+            Login::Out | Login::Password => AuditBy::Anyone,
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use proptest::prelude::*;
 use super::record::{CloseReason, What};
 use super::session::{lock_ms, Effect, Session, Settings, Spec};
 use super::*;
+use loopwarden_store::recorder::AuditBy;
 
 const COMMANDS: &[Spec] = &[
     Spec {
@@ -69,7 +70,7 @@ fn help_a_table_command_and_an_unknown_one() {
         "{text:?}"
     );
     let (text, rest) = type_in(&mut s, 0, b"help\r");
-    assert_eq!(rest, [Effect::Record(What::SessionOpened)]);
+    assert_eq!(rest, [Effect::Record(What::SessionOpened, AuditBy::Anyone)]);
     assert!(text.starts_with("help\r\ncommands:\r\n"), "{text:?}");
     assert!(text.contains("  clear-leak RACK *"), "{text:?}");
     assert!(text.contains("(commands marked * need it)"), "{text:?}");
@@ -131,7 +132,7 @@ fn a_state_change_needs_a_login_and_a_wrong_password_locks_login() {
     assert!(text.contains("refused: clear-leak changes state: log in first"));
     assert!(matches!(
         &rest[1],
-        Effect::Record(What::Command { ok: false, line, .. }) if line == "clear-leak 2"
+        Effect::Record(What::Command { ok: false, line, .. }, _) if line == "clear-leak 2"
     ));
     // The password is not echoed.
     let (text, _) = type_in(&mut s, 10, b"login\r");
@@ -141,7 +142,13 @@ fn a_state_change_needs_a_login_and_a_wrong_password_locks_login() {
     assert_eq!(text, "\r\n");
     assert_eq!(rest, [Effect::Verify("wrong".into())]);
     let (text, rest) = split(s.verified(100, false));
-    assert_eq!(rest, [Effect::Record(What::LoginRefused { in_a_row: 1 })]);
+    assert_eq!(
+        rest,
+        [Effect::Record(
+            What::LoginRefused { in_a_row: 1 },
+            AuditBy::Anyone
+        )]
+    );
     assert!(text.starts_with("login refused (1 in a row); the next try in 2 s"));
     // Locked for 2 s: the password is taken hidden and refused unchecked.
     let (text, _) = type_in(&mut s, 1_500, b"login\r");
@@ -157,7 +164,10 @@ fn a_state_change_needs_a_login_and_a_wrong_password_locks_login() {
     let step = s.input(2_200, b"right\r");
     assert_eq!(split(step.effects).1, [Effect::Verify("right".into())]);
     let (text, rest) = split(s.verified(2_300, true));
-    assert_eq!(rest, [Effect::Record(What::LoginAccepted)]);
+    assert_eq!(
+        rest,
+        [Effect::Record(What::LoginAccepted, AuditBy::Operator)]
+    );
     assert!(text.ends_with("u1# "), "{text:?}");
     let step = s.input(2_400, b"clear-leak 2\r");
     assert_eq!(
@@ -170,21 +180,27 @@ fn a_state_change_needs_a_login_and_a_wrong_password_locks_login() {
     assert_eq!(
         s.answered(2_450, "rack 2: leak cleared", true),
         [
-            Effect::Record(What::Command {
-                line: "clear-leak 2".into(),
-                ok: true,
-                result: "rack 2: leak cleared".into()
-            }),
+            Effect::Record(
+                What::Command {
+                    line: "clear-leak 2".into(),
+                    ok: true,
+                    result: "rack 2: leak cleared".into()
+                },
+                AuditBy::Operator
+            ),
             Effect::WriteWhole(b"rack 2: leak cleared\r\nu1# ".to_vec())
         ]
     );
     let (text, rest) = type_in(&mut s, 2_500, b"logout\r");
     assert_eq!(
         rest,
-        [Effect::Record(What::SessionClosed {
-            why: CloseReason::Logout,
-            logged_in: true
-        })]
+        [Effect::Record(
+            What::SessionClosed {
+                why: CloseReason::Logout,
+                logged_in: true
+            },
+            AuditBy::Operator
+        )]
     );
     assert!(text.contains("logged out\r\n"), "{text:?}");
     assert!(text.ends_with("u1> "));
@@ -196,20 +212,23 @@ fn a_logout_ended_with_cr_lf_opens_no_session_after_it() {
     // that line, not an empty one that opens a session nobody typed.
     let mut s = Session::new(settings(true), COMMANDS);
     let (_, rest) = type_in(&mut s, 0, b"help\r\n");
-    assert_eq!(rest, [Effect::Record(What::SessionOpened)]);
+    assert_eq!(rest, [Effect::Record(What::SessionOpened, AuditBy::Anyone)]);
     let (text, rest) = type_in(&mut s, 1, b"logout\r\n");
     assert_eq!(
         rest,
-        [Effect::Record(What::SessionClosed {
-            why: CloseReason::Logout,
-            logged_in: false
-        })]
+        [Effect::Record(
+            What::SessionClosed {
+                why: CloseReason::Logout,
+                logged_in: false
+            },
+            AuditBy::Anyone
+        )]
     );
     assert!(text.ends_with("u1> "), "{text:?}");
     assert!(!s.is_open());
     // The next line typed opens one.
     let (_, rest) = type_in(&mut s, 2, b"help\r\n");
-    assert_eq!(rest, [Effect::Record(What::SessionOpened)]);
+    assert_eq!(rest, [Effect::Record(What::SessionOpened, AuditBy::Anyone)]);
 }
 
 #[test]
@@ -231,7 +250,7 @@ fn without_a_password_hash_state_changes_are_refused_and_say_how_to_allow_them()
     );
     assert!(matches!(
         &rest[1],
-        Effect::Record(What::Command { ok: false, .. })
+        Effect::Record(What::Command { ok: false, .. }, _)
     ));
     let (text, _) = type_in(&mut s, 0, b"login\r");
     assert_eq!(text, "login\r\npassword: ");
@@ -258,16 +277,22 @@ fn an_idle_session_is_closed_and_a_logged_in_one_says_it_logged_out() {
     let (text, rest) = split(s.tick(400_000));
     assert_eq!(
         rest,
-        [Effect::Record(What::SessionClosed {
-            why: CloseReason::Idle,
-            logged_in: true
-        })]
+        [Effect::Record(
+            What::SessionClosed {
+                why: CloseReason::Idle,
+                logged_in: true
+            },
+            AuditBy::Operator
+        )]
     );
     assert!(text.contains("logged out after 300 s idle"), "{text:?}");
     assert!(!s.logged_in() && !s.is_open());
     // The half-typed line went with the session.
     let (_, rest) = type_in(&mut s, 500_000, b"tatus\r");
-    assert!(matches!(rest[0], Effect::Record(What::SessionOpened)));
+    assert!(matches!(
+        rest[0],
+        Effect::Record(What::SessionOpened, AuditBy::Anyone)
+    ));
     assert!(rest.get(1).is_none());
 }
 
@@ -291,10 +316,13 @@ fn a_login_ends_after_300_s_idle_whatever_the_session_idle_time() {
     let (text, rest) = split(s.tick(301_000));
     assert_eq!(
         rest,
-        [Effect::Record(What::SessionClosed {
-            why: CloseReason::Idle,
-            logged_in: true
-        })]
+        [Effect::Record(
+            What::SessionClosed {
+                why: CloseReason::Idle,
+                logged_in: true
+            },
+            AuditBy::Operator
+        )]
     );
     assert!(text.contains("logged out after 300 s idle"), "{text:?}");
     assert!(!s.logged_in());
@@ -385,7 +413,7 @@ fn a_long_line_is_discarded_and_said() {
     let long = [vec![b'a'; 500], b"\r".to_vec()].concat();
     let (text, rest) = type_in(&mut s, 0, &long);
     assert!(text.contains("line too long (over 200 characters), discarded"));
-    assert_eq!(rest, [Effect::Record(What::SessionOpened)]);
+    assert_eq!(rest, [Effect::Record(What::SessionOpened, AuditBy::Anyone)]);
 }
 
 #[test]
@@ -395,10 +423,13 @@ fn a_lost_line_ends_the_open_session_only() {
     type_in(&mut s, 0, b"\r");
     assert_eq!(
         s.line_lost(),
-        [Effect::Record(What::SessionClosed {
-            why: CloseReason::LineLost,
-            logged_in: false
-        })]
+        [Effect::Record(
+            What::SessionClosed {
+                why: CloseReason::LineLost,
+                logged_in: false
+            },
+            AuditBy::Anyone
+        )]
     );
 }
 
@@ -428,7 +459,7 @@ proptest! {
                         Effect::Write(b) | Effect::WriteWhole(b) => written += b.len(),
                         Effect::Run { .. } => effects.extend(s.answered(now, "ok", answers_ok)),
                         Effect::Verify(pw) => effects.extend(s.verified(now, pw.len() % 2 == 0)),
-                        Effect::Record(_) => {}
+                        Effect::Record(..) => {}
                     }
                 }
             }
@@ -508,7 +539,7 @@ async fn the_shell_runs_a_session_logs_it_and_closes_it_when_idle() {
     let kept = records.clone();
     let task = tokio::spawn(async move {
         let mut session = new_session(&console, &TestAgent);
-        let journal = move |r: Record| kept.lock().unwrap().push(r.what);
+        let journal = move |r: Record, _| kept.lock().unwrap().push(r.what);
         let epoch = Instant::now();
         run(
             agent_end,
@@ -576,7 +607,7 @@ async fn reopening_the_port_neither_lifts_the_login_lock_nor_forgets_the_refusal
         password_hash: Some(password::hash("right password").unwrap()),
         idle: Duration::from_secs(300),
     };
-    let journal = |_: Record| {};
+    let journal = |_: Record, _| {};
     let mut session = new_session(&console, &TestAgent);
     let mut checks = password::Checker::default();
     // The console's clock, started long before the port opens.

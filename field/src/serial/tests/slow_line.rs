@@ -46,7 +46,7 @@ fn slow_line(agent: Answering, idle: Duration) -> (tokio::io::DuplexStream, Arc<
     let kept = records.clone();
     tokio::spawn(async move {
         let mut session = new_session(&console, &agent);
-        let journal = move |r: Record| kept.lock().unwrap().push(r.what);
+        let journal = move |r: Record, _| kept.lock().unwrap().push(r.what);
         run(
             agent_end,
             (&mut session, &mut password::Checker::default()),
@@ -264,7 +264,7 @@ async fn the_port_is_never_drained_on_the_runtime_thread() {
             after: Duration::ZERO,
         };
         let mut session = new_session(&console, &agent);
-        let journal = |_: Record| {};
+        let journal = |_: Record, _| {};
         run(
             port,
             (&mut session, &mut password::Checker::default()),
@@ -378,7 +378,7 @@ fn password_line<A: SerialAgent>(agent: A) -> (tokio::io::DuplexStream, Arc<Mute
     let kept = records.clone();
     tokio::spawn(async move {
         let mut session = new_session(&console, &agent);
-        let journal = move |r: Record| kept.lock().unwrap().push(r.what);
+        let journal = move |r: Record, _| kept.lock().unwrap().push(r.what);
         let mut checks = password::Checker::default();
         let held = (&mut session, &mut checks);
         run(agent_end, held, Instant::now(), &console, &agent, &journal).await

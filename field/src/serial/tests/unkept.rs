@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use super::super::record::{Record, What};
 use super::super::*;
+use super::{settings, type_in, COMMANDS};
+use loopwarden_store::recorder::AuditBy;
 
 fn refused(n: usize) -> Record {
     Record {
@@ -32,7 +34,7 @@ fn a_record_the_flash_log_does_not_take_is_said_with_its_json_and_port() {
         )
     };
     for n in 0..6 {
-        j(refused(n));
+        j(refused(n), AuditBy::Anyone);
     }
     assert_eq!(handed.load(Ordering::Relaxed), 6);
     let said = said.lock().unwrap();
@@ -59,16 +61,16 @@ fn one_record_not_taken_is_said_once() {
         )
     };
     for n in 0..4 {
-        j(refused(n));
+        j(refused(n), AuditBy::Anyone);
     }
     assert_eq!(said.lock().unwrap().len(), 1);
 }
 
-/// Records anyone at the port can cause go to the flash log as such,
-/// so that a flood of them cannot push out a logged-in operator's.
+/// Who caused each record goes to the flash log with it, so that a flood
+/// of records anyone at the port can cause cannot push out a logged-in
+/// operator's.
 #[test]
-fn records_of_someone_not_logged_in_are_handed_over_as_anyones() {
-    use super::super::record::CloseReason;
+fn records_go_to_the_journal_with_who_caused_them() {
     let by = Arc::new(Mutex::new(Vec::new()));
     let j = {
         let by = by.clone();
@@ -80,29 +82,85 @@ fn records_of_someone_not_logged_in_are_handed_over_as_anyones() {
             |_| {},
         )
     };
-    let record = |what| Record {
-        port: "/dev/ttyS1".into(),
-        what,
-    };
-    let closed = |logged_in| What::SessionClosed {
-        why: CloseReason::Logout,
-        logged_in,
-    };
-    j(record(What::SessionOpened));
-    j(record(What::LoginRefused { in_a_row: 1 }));
-    j(refused(0));
-    j(record(closed(false)));
-    j(record(What::LoginAccepted));
-    j(record(What::Command {
-        line: "clear-leak 3".into(),
-        ok: true,
-        result: "leak on rack 3 cleared".into(),
-    }));
-    j(record(closed(true)));
-    use loopwarden_store::recorder::AuditBy::{Anyone, Operator};
-    let by = by.lock().unwrap();
+    j(refused(0), AuditBy::Anyone);
+    j(refused(1), AuditBy::Operator);
+    assert_eq!(*by.lock().unwrap(), [AuditBy::Anyone, AuditBy::Operator]);
+}
+
+/// The records a session's effects carry, with who caused them.
+fn records(effects: Vec<Effect>) -> Vec<(What, AuditBy)> {
+    effects
+        .into_iter()
+        .filter_map(|e| match e {
+            Effect::Record(what, by) => Some((what, by)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Who caused a record is the session's login when it was made, not
+/// whether the command did what was asked: a logged-in operator's
+/// state-changing command answered not ok (or not answered in time: it
+/// may well have taken effect) or stopped by Ctrl-C is the operator's;
+/// what a session not logged in does is anyone's.
+#[test]
+fn a_logged_in_operators_command_not_ok_is_the_operators_and_a_refused_one_anyones() {
+    use super::super::record::CloseReason;
+    use AuditBy::{Anyone, Operator};
+    let mut s = Session::new(settings(true), COMMANDS);
+    let (_, rest) = type_in(&mut s, 0, b"clear-leak 3\r");
+    let refused = records(rest);
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    assert_eq!(refused[0], (What::SessionOpened, Anyone));
+    assert!(
+        matches!(&refused[1], (What::Command { ok: false, .. }, Anyone)),
+        "{refused:?}"
+    );
+    type_in(&mut s, 10, b"login\r");
+    type_in(&mut s, 20, b"wrong\r");
+    let wrong = records(s.verified(30, false));
+    assert!(matches!(wrong[..], [(What::LoginRefused { .. }, Anyone)]));
+    type_in(&mut s, 2_100, b"login\r");
+    type_in(&mut s, 2_200, b"right\r");
     assert_eq!(
-        *by,
-        [Anyone, Anyone, Anyone, Anyone, Operator, Operator, Operator]
+        records(s.verified(2_300, true)),
+        [(What::LoginAccepted, Operator)]
+    );
+    type_in(&mut s, 2_400, b"clear-leak 3\r");
+    let unanswered = records(s.answered(2_500, "no answer in time", false));
+    assert!(
+        matches!(
+            &unanswered[..],
+            [(What::Command { ok: false, .. }, Operator)]
+        ),
+        "{unanswered:?}"
+    );
+    type_in(&mut s, 2_600, b"clear-leak 4\r");
+    let not_run = records(s.not_run(2_700));
+    assert!(
+        matches!(&not_run[..], [(What::Command { ok: false, .. }, Operator)]),
+        "{not_run:?}"
+    );
+    let (_, rest) = type_in(&mut s, 2_800, b"logout\r");
+    assert_eq!(
+        records(rest),
+        [(
+            What::SessionClosed {
+                why: CloseReason::Logout,
+                logged_in: true
+            },
+            Operator
+        )]
+    );
+    type_in(&mut s, 2_900, b"status\r");
+    assert_eq!(
+        records(s.line_lost()),
+        [(
+            What::SessionClosed {
+                why: CloseReason::LineLost,
+                logged_in: false
+            },
+            Anyone
+        )]
     );
 }
