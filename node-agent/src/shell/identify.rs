@@ -3,10 +3,12 @@
 //! while it answers its samples. Once it says it, the health kept for it
 //! before the restart is read from flash and given to the node
 //! ([`Input::Identified`]): a GPU quarantined before the restart is
-//! quarantined again, a ceiling kept for it comes back where the limit
-//! found on it was a cap the agent left, and its health and limits are
-//! kept from then on. After a config store lost, the store's lost mark
-//! waits for each GPU unknown at the start to say its UUID so
+//! quarantined again (the stale indexes kept for that quarantine are
+//! re-stamped to it and said, `ctl status` too), a ceiling kept for it
+//! comes back where the limit found on it was a cap the agent left, and
+//! its health and limits are kept from then on. After a config store
+//! lost, the store's lost mark waits for each GPU unknown at the start to
+//! say its UUID so
 //! (`super::lost_store::PendingClear`).
 //!
 //! A GPU's settable range (NVML's limit constraints) unread at its
@@ -30,6 +32,7 @@
 
 use std::time::Duration;
 
+use loopwarden_protocol::HealthState;
 use node_core::caps::GpuRange;
 use node_core::health::GpuStatus;
 use node_core::node::{Input, LimitResult};
@@ -179,6 +182,11 @@ impl Agent {
             limit,
         })
         .await;
+        // A quarantine put back: its stale indexes, not checked at the
+        // start, are its quarantine's in force, put back under a new stamp.
+        if let Some(k) = kept.filter(|k| k.state == HealthState::Quarantined) {
+            self.stale_put_back(gpu, &uuid, k.since.0).await;
+        }
         // Its health kept by that step: the config store's lost mark may
         // have waited for it last.
         self.clear_lost_mark_once_kept();

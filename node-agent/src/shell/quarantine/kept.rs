@@ -22,7 +22,10 @@
 //! GPU at that index is quarantined itself (the tag its own). The record
 //! keeps the stamp of the quarantine it belongs to: a release in a run
 //! ends it then ([`Agent::stale_ended_if_released`]), and a start that
-//! finds the GPU quarantined anew (another stamp) drops it.
+//! finds the GPU quarantined anew (another stamp) drops it. A GPU whose
+//! UUID was read late (its record not checked at the start) has its
+//! kept quarantine put back under a new stamp: its record is re-stamped
+//! to it then, and said ([`Agent::stale_put_back`]).
 //!
 //! Glossary:
 //! - *known done*: every action of the GPU's quarantine in force ended
@@ -270,6 +273,55 @@ async fn stale_of(
     stale.was
 }
 
+/// A GPU identified late (its stale indexes not checked at the start,
+/// [`stale_tags`]), its kept quarantine of `kept_since` put back and
+/// quarantined now (`health`): its stale-index record (`value`, as kept
+/// for identity `id`) of that quarantine (its stamp, or none: an earlier
+/// version's) is its quarantine's in force, put back under a later
+/// stamp: re-stamped to it, so a later start does not take it as
+/// quarantined anew, and its indexes said. A record of another stamp
+/// (released since) is left for the next start to drop, said then.
+/// Returns the value to keep (`None`: unchanged) and the indexes said.
+fn put_back(
+    (gpu, id): (u8, u64),
+    value: Result<Option<Vec<u8>>, String>,
+    kept_since: u64,
+    health: &node_core::health::HealthEngine,
+) -> (Option<Vec<u8>>, Vec<u8>) {
+    let quarantined = |g: u8| (health.status(g)).filter(|st| st.state == HealthState::Quarantined);
+    let Some(now) = quarantined(gpu).map(|st| st.since.0) else {
+        return (None, Vec::new());
+    };
+    let key = stale_key(id);
+    let kept = value
+        .and_then(|v| super::payload_of(&key, v, id))
+        .and_then(|p| {
+            p.map(|p| read_stale(&p).map_err(|e| format!("{key}: {e}")))
+                .transpose()
+        });
+    let stale = match kept {
+        Ok(Some(stale)) if stale.since.is_none_or(|s| s == kept_since) => stale,
+        Ok(_) => return (None, Vec::new()),
+        Err(e) => {
+            tracing::error!("GPU {gpu}: its UUID read late, the indexes its quarantine actions ran under before a renumbering are unreadable ({e}): check by hand that no drain of another index is left for it");
+            return (None, Vec::new());
+        }
+    };
+    let restamped = Stale {
+        since: Some(now),
+        was: (stale.was.iter().copied())
+            .filter(|&w| quarantined(w).is_none())
+            .collect(),
+    };
+    for was in &restamped.was {
+        tracing::error!(
+            "GPU {gpu}: its quarantine actions ran as GPU {was} before the GPUs were numbered otherwise (found at an earlier start; its UUID read late at this one): what they left under index {was} may still stand (a drain tagged gpu{was}): undo it by hand if not yet (with the shipped actions: loopwarden-slurm resume NODE gpu{was}); said at every start until GPU {gpu} is released"
+        );
+    }
+    let keep = (restamped != stale).then(|| super::tagged(id, &stale_payload(&restamped)));
+    (keep, restamped.was)
+}
+
 /// Keeps `stale` as the record of the GPU `gpu` of identity `id` where it
 /// differs from the one `kept` (`Err`: unreadable, replaced) (none: the
 /// record removed); a write that fails is said.
@@ -371,6 +423,26 @@ impl Agent {
         let uuid = self.gpus.get(gpu as usize).map(|g| g.info.uuid.as_str());
         if let Some(id) = uuid.and_then(crate::shell::identity) {
             self.recorder.set(stale_key(id), super::tagged(id, &[]));
+        }
+    }
+
+    /// GPU `gpu` of `uuid`, identified late, its kept quarantine of
+    /// `kept_since` put back ([`put_back`]): its stale indexes, not
+    /// checked at the start, are re-stamped to the quarantine in force,
+    /// said, and shown as those found at the start are.
+    pub(in crate::shell) async fn stale_put_back(&mut self, gpu: u8, uuid: &str, kept_since: u64) {
+        let Some(id) = crate::shell::identity(uuid) else {
+            return;
+        };
+        let value = self.recorder.get(stale_key(id)).await;
+        let (keep, was) = put_back((gpu, id), value, kept_since, self.node.health());
+        if let Some(value) = keep {
+            self.recorder.set(stale_key(id), value);
+        }
+        if !was.is_empty() {
+            self.stale_indexes.retain(|(g, _)| *g != gpu);
+            self.stale_indexes.push((gpu, was));
+            self.stale_indexes.sort_unstable();
         }
     }
 
@@ -513,6 +585,66 @@ mod tests {
         assert_eq!(said(&quarantined_since(SINCE), &[]), vec![(1, vec![2])]);
         assert_eq!(said(&quarantined_since(SINCE + 1), &[]), vec![]);
         assert_eq!(said(&quarantined_since(SINCE), &[]), vec![], "gone");
+    }
+
+    /// A's stale index 2 kept for its quarantine of [`SINCE`]; at a start
+    /// A's UUID unread (not checked), its kept state unreadable; its UUID
+    /// read later, its quarantine put back under a new stamp: the record
+    /// is re-stamped to it and said, so the next start (A quarantined
+    /// since the new stamp, never released) says it still.
+    #[test]
+    fn a_stale_index_of_a_gpu_identified_late_is_kept_for_the_quarantine_put_back() {
+        let mut store = loopwarden_store::agent_flash::open(None).unwrap().store;
+        let uuids = [X, A, B];
+        let id = crate::shell::identity(A).unwrap();
+        let said = |store: &mut ConfigStore<Flash>, h: &HealthEngine, r: &[(u8, u8)]| {
+            futures::executor::block_on(stale_tags(store, h, &uuids, r))
+        };
+        assert_eq!(
+            said(&mut store, &health(&[1]), &[(1, 2)]),
+            vec![(1, vec![2])]
+        );
+        let mut h = health(&[]);
+        let unreadable = GpuStatus {
+            state: HealthState::Degraded,
+            reason: ReasonCode::KEPT_STATE_UNREADABLE,
+            since: TimestampMs(SINCE),
+            evidence: "kept state unreadable".into(),
+        };
+        h.restore(1, unreadable);
+        let kept = GpuStatus {
+            state: HealthState::Quarantined,
+            reason: ReasonCode(79),
+            since: TimestampMs(SINCE),
+            evidence: "XID 79".into(),
+        };
+        h.identified(TimestampMs(SINCE + 5_000), 1, &kept);
+        let since = h.status(1).unwrap().since.0;
+        assert_ne!(since, SINCE, "put back under a new stamp");
+        // The late path, as the agent runs it on its recorder.
+        let value = futures::executor::block_on(super::super::get(&mut store, &stale_key(id)));
+        let (keep, was) = put_back((1, id), value, SINCE, &h);
+        assert_eq!(was, vec![2], "said");
+        let keep = keep.expect("re-stamped");
+        futures::executor::block_on(store.set(&stale_key(id), &keep)).unwrap();
+        assert_eq!(
+            said(&mut store, &quarantined_since(since), &[]),
+            vec![(1, vec![2])]
+        );
+        assert_eq!(
+            said(&mut store, &quarantined_since(since), &[]),
+            vec![(1, vec![2])]
+        );
+        // A record of an earlier quarantine (released since) is left for
+        // the next start to drop.
+        let value = futures::executor::block_on(super::super::get(&mut store, &stale_key(id)));
+        assert_eq!(put_back((1, id), value, SINCE - 1, &h), (None, Vec::new()));
+        // Not quarantined now: nothing said.
+        let value = futures::executor::block_on(super::super::get(&mut store, &stale_key(id)));
+        assert_eq!(
+            put_back((1, id), value, since, &health(&[])),
+            (None, Vec::new())
+        );
     }
 
     /// Released in a run, GPU 1's stale indexes found at the start are
