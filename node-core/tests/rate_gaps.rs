@@ -111,3 +111,74 @@ fn a_host_stall_does_not_lengthen_a_rate_streak() {
         "{found:?}"
     );
 }
+
+/// A rate just above the minute's limit whose reads fail but for one
+/// every so often: each read after a short gap (up to 30 s) whose count
+/// across it is above the limit counts the gap as held. The streak was
+/// paused over every failed read, so 101 corrected ECC errors a minute
+/// with every other read failing was never degraded, and 105 a minute
+/// read once every 10 s was at 360 s (read throughout: 120 s; now 224 s
+/// and 120 s).
+#[test]
+fn a_rate_just_above_the_limit_read_only_now_and_then_is_degraded() {
+    type Case = (ReasonCode, Unsupported, u64, u64, u64);
+    // (reason, group, errors a minute, one read in every n s, degraded by)
+    let cases: [Case; 4] = [
+        (
+            ReasonCode::SBE_RATE_RISING,
+            Unsupported::ECC,
+            105,
+            10,
+            180_000,
+        ),
+        (
+            ReasonCode::SBE_RATE_RISING,
+            Unsupported::ECC,
+            101,
+            2,
+            600_000,
+        ),
+        (
+            ReasonCode::NVLINK_ERRORS,
+            Unsupported::NVLINK,
+            6_300,
+            10,
+            180_000,
+        ),
+        (
+            ReasonCode::NVLINK_ERRORS,
+            Unsupported::NVLINK,
+            6_060,
+            2,
+            600_000,
+        ),
+    ];
+    for (reason, group, per_min, n, by) in cases {
+        let count = move |t: u64, o: &mut Observation| {
+            let v = per_min * t / 60_000;
+            if group == Unsupported::ECC {
+                o.sbe_volatile = v;
+            } else {
+                o.nvlink_crc = v;
+            }
+        };
+        let fails = move |t: u64| Unsupported::empty().with(group, (t / 1_000) % n != 0);
+        let found = rate_degraded(reason, count, fails, 1_800_000);
+        assert!(
+            found.is_some_and(|t| t <= by),
+            "{reason}, {per_min}/min, one read in {n} s: {found:?}"
+        );
+    }
+}
+
+/// At the limit, read only now and then, the count across no gap is
+/// above it: never degraded.
+#[test]
+fn a_rate_at_the_limit_read_only_now_and_then_is_not_degraded() {
+    for n in [2u64, 10, 30] {
+        let count = |t: u64, o: &mut Observation| o.sbe_volatile = 100 * t / 60_000;
+        let fails = move |t: u64| Unsupported::empty().with(Unsupported::ECC, (t / 1_000) % n != 0);
+        let found = rate_degraded(ReasonCode::SBE_RATE_RISING, count, fails, 1_800_000);
+        assert_eq!(found, None, "100/min, one read in {n} s");
+    }
+}

@@ -29,7 +29,9 @@
 //!   samples that cannot judge it (its start moved forward by their
 //!   time past a grace since the last known one, up to the next known
 //!   one: [`STREAK_GRACE_MS`] for PCIe replays, none for the counters
-//!   read every period), so it never grows over a long gap not known.
+//!   read every period but a gap of at most [`GAP_JOIN_MS`] before a
+//!   read above the limit whose count across it is above the limit too),
+//!   so it never grows over a long gap not known.
 //! - *least count*: what a sample that did not read a counter read
 //!   every period is judged on, the newest read's value held to it
 //!   ([`Window::held_to`]): no more than the reads prove.
@@ -216,6 +218,14 @@ impl Window {
 /// reads prove ([`Rate::minute`]).
 pub(super) const STREAK_GRACE_MS: u64 = 60_000;
 
+/// The longest gap of failed reads of a counter read every period
+/// (corrected ECC, NVLink CRC) that a read above the limit counts as
+/// streak time, when the count across the gap is above the limit too
+/// ([`Rate::minute`]): a counter read only now and then is judged as one
+/// read that often, while a longer gap (two bursts a minute apart) is
+/// not joined.
+pub(super) const GAP_JOIN_MS: u64 = 30_000;
+
 /// A condition that must hold for a while.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Streak {
@@ -255,6 +265,15 @@ impl Streak {
         }
     }
 
+    /// Held since `since` at the latest: a streak seen now counts from
+    /// then if it started later (a gap before now known to have held it).
+    /// Returns how long it has held.
+    fn join(&mut self, t: u64, since: u64) -> Option<u64> {
+        let joined = self.since?.min(since);
+        self.since = Some(joined);
+        Some(t.saturating_sub(joined))
+    }
+
     /// Not known now: the streak neither starts nor ends; past `grace`
     /// since its last known update it is paused, its start moved forward
     /// by the time not known beyond that (to the next known update
@@ -283,6 +302,9 @@ impl Streak {
 pub(super) struct Rate {
     pub(super) window: Window,
     pub(super) high: Streak,
+    /// The streak's start as of the newest read (counters read every
+    /// period), to join a short gap of failed reads after it.
+    since_at_read: Option<u64>,
 }
 
 /// What a sample says of a rate counter.
@@ -328,7 +350,12 @@ impl Rate {
     /// minute is above the limit the streak grows (a storm whose reads
     /// fail but for one every so often); once it is not, the streak is
     /// paused with no grace, so a gap between two bursts, whose minutes
-    /// read would have fallen to the limit, does not join them.
+    /// read would have fallen to the limit, does not join them. A read
+    /// above the limit after a gap of failed reads of at most
+    /// [`GAP_JOIN_MS`] whose count across it is above the limit too
+    /// counts the gap as held ([`Rate::joins_gap`]): a rate just above the
+    /// limit whose reads fail but for one every so often is judged as
+    /// read that often.
     fn minute(
         &mut self,
         t: u64,
@@ -348,7 +375,33 @@ impl Rate {
         }
         let minute = self.window.increase_over(60_000);
         let on = minute.above(60_000, limit, limit_span);
-        (minute, self.high.update(t, on, true))
+        let mut held = self.high.update(t, on, true);
+        if let (true, Some(since)) = (on, self.since_at_read) {
+            if self.joins_gap(read, limit, limit_span) {
+                held = self.high.join(t, since);
+            }
+        }
+        self.since_at_read = self.high.since;
+        (minute, held)
+    }
+
+    /// Whether `read` is fresh and the time since the read before it, at
+    /// most [`GAP_JOIN_MS`], saw the counter rise above `limit` per
+    /// `limit_span` ms: the streak held across that gap on average.
+    fn joins_gap(&self, read: Read, limit: u64, limit_span: u64) -> bool {
+        let Read::Fresh(_) = read else {
+            return false;
+        };
+        let points = &self.window.points;
+        let (Some(&(a, va)), Some(&(b, vb))) = (
+            points.len().checked_sub(2).and_then(|i| points.get(i)),
+            points.back(),
+        ) else {
+            return false;
+        };
+        let gap = b.saturating_sub(a);
+        gap <= GAP_JOIN_MS
+            && u128::from(vb - va) * u128::from(limit_span) > u128::from(limit) * u128::from(gap)
     }
 
     /// The streak at `t` after `read`: `on` and `off` as
