@@ -16,6 +16,16 @@ fn rate_degraded(
     unknown: impl Fn(u64) -> Unsupported,
     until: u64,
 ) -> Option<u64> {
+    rate_degraded_on(reason, count, unknown, until).map(|(t, _)| t)
+}
+
+/// [`rate_degraded`], with the evidence given.
+fn rate_degraded_on(
+    reason: ReasonCode,
+    count: impl Fn(u64, &mut Observation),
+    unknown: impl Fn(u64) -> Unsupported,
+    until: u64,
+) -> Option<(u64, String)> {
     let limits = Limits {
         max_operating_c: 87.0,
     };
@@ -33,7 +43,7 @@ fn rate_degraded(
         e.sample(TimestampMs(t), 0, &o);
         let s = e.status(0).expect("GPU 0");
         if s.state == HealthState::Degraded && s.reason == reason {
-            return Some(t);
+            return Some((t, s.evidence.clone()));
         }
     }
     None
@@ -180,5 +190,33 @@ fn a_rate_at_the_limit_read_only_now_and_then_is_not_degraded() {
         let fails = move |t: u64| Unsupported::empty().with(Unsupported::ECC, (t / 1_000) % n != 0);
         let found = rate_degraded(ReasonCode::SBE_RATE_RISING, count, fails, 1_800_000);
         assert_eq!(found, None, "100/min, one read in {n} s");
+    }
+}
+
+/// A storm the reads prove (300 corrected ECC errors a minute, or 300
+/// NVLink CRC errors a second) whose reads then fail for good, from 62 s:
+/// the least count the reads prove, the newest read's value held, keeps
+/// the minute above the limit past the sustain, so it is degraded as if
+/// read (81 s). The streak grew on those samples but none was raised.
+#[test]
+fn a_storm_the_reads_prove_is_degraded_when_the_reads_then_fail_for_good() {
+    type Storm = (ReasonCode, Unsupported, fn(u64, &mut Observation));
+    let storms: [Storm; 2] = [
+        (ReasonCode::SBE_RATE_RISING, Unsupported::ECC, |t, o| {
+            o.sbe_volatile = 300 * t / 60_000
+        }),
+        (ReasonCode::NVLINK_ERRORS, Unsupported::NVLINK, |t, o| {
+            o.nvlink_crc = 300 * t / 1_000
+        }),
+    ];
+    for (reason, group, count) in storms {
+        let fails = move |t: u64| Unsupported::empty().with(group, t >= 62_000);
+        let found = rate_degraded_on(reason, count, fails, 400_000);
+        assert!(
+            found
+                .as_ref()
+                .is_some_and(|(t, why)| (80_000..=82_000).contains(t) && why.contains(" at least ")),
+            "{reason}: {found:?}"
+        );
     }
 }

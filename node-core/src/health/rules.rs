@@ -343,7 +343,9 @@ impl Rate {
     /// A counter read every period, judged on its count over the last
     /// minute against `limit` per `limit_span` ms: takes `read` at `t`,
     /// and returns the minute's increase and how long its streak above
-    /// the limit has held (`None`: not above, or not known now). A streak
+    /// the limit has held (`None`: not above, or not known now and its
+    /// least count not above either: a storm the reads prove is judged
+    /// on that least count while they fail). A streak
     /// ends once the minute is down to the limit. A sample that does not
     /// know the counter is judged on the least the reads prove (the
     /// newest read's value held to now, [`Window::held_to`]): while that
@@ -367,10 +369,9 @@ impl Rate {
         if let Read::Unknown = read {
             let least = self.window.held_to(t, 60_000);
             if least.above(60_000, limit, limit_span) {
-                self.high.update(t, true, false);
-            } else {
-                self.high.pause(t, 0);
+                return (least, self.high.update(t, true, false));
             }
+            self.high.pause(t, 0);
             return (least, None);
         }
         let minute = self.window.increase_over(60_000);
@@ -639,11 +640,22 @@ impl HealthEngine {
         let tr = &mut self.gpus[g];
         let (sbe_min, sbe_for) = tr.sbe.minute(t, sbe, p.sbe_per_min, 60_000);
         let (crc_min, crc_for) = tr.crc.minute(t, crc, p.nvlink_crc_per_s, 1_000);
+        // A sample that did not read the counter is judged on the least
+        // count the reads prove, and says so.
+        let least = |r: Read| {
+            if let Read::Unknown = r {
+                " at least"
+            } else {
+                ""
+            }
+        };
         let sbe_held = (sbe_for, p.sbe_sustain_ms);
-        let sbe_rate = (ReasonCode::SBE_RATE_RISING, "corrected ECC errors");
+        let sbe_what = format!("corrected ECC errors{}", least(sbe));
+        let sbe_rate = (ReasonCode::SBE_RATE_RISING, sbe_what.as_str());
         self.raise_rate(t, g, sbe_rate, sbe_min, sbe_held, out);
         let crc_held = (crc_for, p.nvlink_crc_sustain_ms);
-        let crc_rate = (ReasonCode::NVLINK_ERRORS, "NVLink CRC errors");
+        let crc_what = format!("NVLink CRC errors{}", least(crc));
+        let crc_rate = (ReasonCode::NVLINK_ERRORS, crc_what.as_str());
         self.raise_rate(t, g, crc_rate, crc_min, crc_held, out);
     }
 
