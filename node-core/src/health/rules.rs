@@ -29,9 +29,7 @@
 //!   samples that cannot judge it (its start moved forward by their
 //!   time past a grace since the last known one, up to the next known
 //!   one: [`STREAK_GRACE_MS`] for PCIe replays, none for the counters
-//!   read every period but a gap of at most [`GAP_JOIN_MS`] before a
-//!   read above the limit whose count across it is above the limit too),
-//!   so it never grows over a long gap not known.
+//!   read every period), so it never grows over a long gap not known.
 //! - *least count*: what a sample that did not read a counter read
 //!   every period is judged on, the newest read's value held to it
 //!   ([`Window::held_to`]): no more than the reads prove.
@@ -218,14 +216,6 @@ impl Window {
 /// reads prove ([`Rate::minute`]).
 pub(super) const STREAK_GRACE_MS: u64 = 60_000;
 
-/// The longest gap of failed reads of a counter read every period
-/// (corrected ECC, NVLink CRC) that a read above the limit counts as
-/// streak time, when the count across the gap is above the limit too
-/// ([`Rate::minute`]): a counter read only now and then is judged as one
-/// read that often, while a longer gap (two bursts a minute apart) is
-/// not joined.
-pub(super) const GAP_JOIN_MS: u64 = 30_000;
-
 /// A condition that must hold for a while.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Streak {
@@ -265,15 +255,6 @@ impl Streak {
         }
     }
 
-    /// Held since `since` at the latest: a streak seen now counts from
-    /// then if it started later (a gap before now known to have held it).
-    /// Returns how long it has held.
-    fn join(&mut self, t: u64, since: u64) -> Option<u64> {
-        let joined = self.since?.min(since);
-        self.since = Some(joined);
-        Some(t.saturating_sub(joined))
-    }
-
     /// Not known now: the streak neither starts nor ends; past `grace`
     /// since its last known update it is paused, its start moved forward
     /// by the time not known beyond that (to the next known update
@@ -302,9 +283,6 @@ impl Streak {
 pub(super) struct Rate {
     pub(super) window: Window,
     pub(super) high: Streak,
-    /// The streak's start as of the newest read (counters read every
-    /// period), to join a short gap of failed reads after it.
-    since_at_read: Option<u64>,
 }
 
 /// What a sample says of a rate counter.
@@ -343,21 +321,14 @@ impl Rate {
     /// A counter read every period, judged on its count over the last
     /// minute against `limit` per `limit_span` ms: takes `read` at `t`,
     /// and returns the minute's increase and how long its streak above
-    /// the limit has held (`None`: not above, or not known now and its
-    /// least count not above either: a storm the reads prove is judged
-    /// on that least count while they fail). A streak
+    /// the limit has held (`None`: not above, or not known now). A streak
     /// ends once the minute is down to the limit. A sample that does not
     /// know the counter is judged on the least the reads prove (the
     /// newest read's value held to now, [`Window::held_to`]): while that
     /// minute is above the limit the streak grows (a storm whose reads
     /// fail but for one every so often); once it is not, the streak is
     /// paused with no grace, so a gap between two bursts, whose minutes
-    /// read would have fallen to the limit, does not join them. A read
-    /// above the limit after a gap of failed reads of at most
-    /// [`GAP_JOIN_MS`] whose count across it is above the limit too
-    /// counts the gap as held ([`Rate::joins_gap`]): a rate just above the
-    /// limit whose reads fail but for one every so often is judged as
-    /// read that often.
+    /// read would have fallen to the limit, does not join them.
     fn minute(
         &mut self,
         t: u64,
@@ -369,40 +340,15 @@ impl Rate {
         if let Read::Unknown = read {
             let least = self.window.held_to(t, 60_000);
             if least.above(60_000, limit, limit_span) {
-                return (least, self.high.update(t, true, false));
+                self.high.update(t, true, false);
+            } else {
+                self.high.pause(t, 0);
             }
-            self.high.pause(t, 0);
             return (least, None);
         }
         let minute = self.window.increase_over(60_000);
         let on = minute.above(60_000, limit, limit_span);
-        let mut held = self.high.update(t, on, true);
-        if let (true, Some(since)) = (on, self.since_at_read) {
-            if self.joins_gap(read, limit, limit_span) {
-                held = self.high.join(t, since);
-            }
-        }
-        self.since_at_read = self.high.since;
-        (minute, held)
-    }
-
-    /// Whether `read` is fresh and the time since the read before it, at
-    /// most [`GAP_JOIN_MS`], saw the counter rise above `limit` per
-    /// `limit_span` ms: the streak held across that gap on average.
-    fn joins_gap(&self, read: Read, limit: u64, limit_span: u64) -> bool {
-        let Read::Fresh(_) = read else {
-            return false;
-        };
-        let points = &self.window.points;
-        let (Some(&(a, va)), Some(&(b, vb))) = (
-            points.len().checked_sub(2).and_then(|i| points.get(i)),
-            points.back(),
-        ) else {
-            return false;
-        };
-        let gap = b.saturating_sub(a);
-        gap <= GAP_JOIN_MS
-            && u128::from(vb - va) * u128::from(limit_span) > u128::from(limit) * u128::from(gap)
+        (minute, self.high.update(t, on, true))
     }
 
     /// The streak at `t` after `read`: `on` and `off` as
@@ -640,22 +586,11 @@ impl HealthEngine {
         let tr = &mut self.gpus[g];
         let (sbe_min, sbe_for) = tr.sbe.minute(t, sbe, p.sbe_per_min, 60_000);
         let (crc_min, crc_for) = tr.crc.minute(t, crc, p.nvlink_crc_per_s, 1_000);
-        // A sample that did not read the counter is judged on the least
-        // count the reads prove, and says so.
-        let least = |r: Read| {
-            if let Read::Unknown = r {
-                " at least"
-            } else {
-                ""
-            }
-        };
         let sbe_held = (sbe_for, p.sbe_sustain_ms);
-        let sbe_what = format!("corrected ECC errors{}", least(sbe));
-        let sbe_rate = (ReasonCode::SBE_RATE_RISING, sbe_what.as_str());
+        let sbe_rate = (ReasonCode::SBE_RATE_RISING, "corrected ECC errors");
         self.raise_rate(t, g, sbe_rate, sbe_min, sbe_held, out);
         let crc_held = (crc_for, p.nvlink_crc_sustain_ms);
-        let crc_what = format!("NVLink CRC errors{}", least(crc));
-        let crc_rate = (ReasonCode::NVLINK_ERRORS, crc_what.as_str());
+        let crc_rate = (ReasonCode::NVLINK_ERRORS, "NVLink CRC errors");
         self.raise_rate(t, g, crc_rate, crc_min, crc_held, out);
     }
 
