@@ -103,12 +103,23 @@ impl core::fmt::Display for JsonError {
 
 impl std::error::Error for JsonError {}
 
+/// `major.minor` as the protocol writes it: decimal digits only, with no
+/// sign and no leading zero (`"2.09"` or `"+2.9"` is not `2.9`).
 fn parse_version(s: &str) -> Option<Version> {
     let (major, minor) = s.split_once('.')?;
     Some(Version {
-        major: major.parse().ok()?,
-        minor: minor.parse().ok()?,
+        major: version_part(major)?,
+        minor: version_part(minor)?,
     })
+}
+
+fn version_part(s: &str) -> Option<u8> {
+    let canonical = s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    if canonical {
+        s.parse().ok()
+    } else {
+        None
+    }
 }
 
 impl Frame {

@@ -427,6 +427,18 @@ fn json_naming_an_unknown_reason_or_flag_is_refused_naming_it_and_its_field() {
         matches!(&e, JsonError::UnsupportedVersion(v) if v == "3.0"),
         "{e:?}"
     );
+    // A version not written as the protocol writes it is refused, not
+    // read as the version it resembles.
+    for odd in [
+        "2.010", "02.10", "+2.10", "2.+10", "2. 10", "2.", ".10", "2.10.0",
+    ] {
+        let frame = good.replace(r#""protocol":"2.10""#, &format!(r#""protocol":"{odd}""#));
+        let e = Frame::from_json(&frame).unwrap_err();
+        assert!(
+            matches!(&e, JsonError::UnsupportedVersion(v) if v == odd),
+            "{odd}: {e:?}"
+        );
+    }
     // Anything else wrong is still said as serde_json says it.
     let e = newer(
         MessageKind::CduState,
