@@ -48,6 +48,8 @@ pub mod nvml;
 pub mod shell;
 #[cfg(feature = "twin")]
 pub mod sim_gpus;
+#[cfg(test)]
+mod test_log;
 pub mod watchdog;
 pub mod worker;
 pub mod xid_queue;

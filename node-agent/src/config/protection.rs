@@ -482,6 +482,7 @@ fn required(
 #[cfg(test)]
 mod tests {
     use crate::config::{resolve, Config, Overrides};
+    use crate::test_log::logged;
     use loopwarden_protocol::auth::{May, Signer, SigningKey};
     use loopwarden_protocol::{Ident, Role};
 
@@ -534,31 +535,6 @@ mod tests {
         let ring = dir.join(file);
         std::fs::write(&ring, loopwarden_bus::keys::keyring_toml(&site, &signers)).unwrap();
         format!("keyring = {ring:?}\n")
-    }
-
-    /// What `f` logs, as text.
-    fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
-        #[derive(Clone, Default)]
-        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Buf {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let buf = Buf::default();
-        let writer = buf.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .without_time()
-            .finish();
-        let out = tracing::subscriber::with_default(subscriber, f);
-        let text = String::from_utf8_lossy(&buf.0.lock().unwrap()).into_owned();
-        (out, text)
     }
 
     const KEYRING_OFF: &str = "commands = \"none\"\n";

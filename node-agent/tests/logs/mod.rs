@@ -6,7 +6,7 @@
 //! miss the line. The tests of a binary that captures lines run one at a
 //! time: each takes [`one_at_a_time`] first.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 /// Held for a whole test: no two tests of the binary run together.
 #[allow(dead_code)] // a binary whose captured lines no other test reaches runs freely
@@ -15,30 +15,9 @@ pub fn one_at_a_time() -> MutexGuard<'static, ()> {
     ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Runs `f` with the log written to a buffer, and returns that text.
-pub fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("log buffer").extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .without_time()
-        .finish();
-    let out = tracing::subscriber::with_default(subscriber, f);
-    let text = String::from_utf8_lossy(&buf.0.lock().expect("log buffer")).into_owned();
-    (out, text)
-}
+#[path = "../../src/test_log.rs"]
+mod test_log;
+pub use test_log::logged;
 
 /// The lines of `log` that hold every one of `words`.
 pub fn lines_with<'a>(log: &'a str, words: &[&str]) -> Vec<&'a str> {

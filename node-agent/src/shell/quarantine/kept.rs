@@ -481,6 +481,7 @@ mod tests {
     //! the GPU is released.
 
     use super::*;
+    use crate::test_log::logged;
     use loopwarden_protocol::{ReasonCode, TimestampMs};
     use node_core::health::{GpuStatus, HealthEngine};
 
@@ -684,31 +685,6 @@ mod tests {
         assert!(e.contains("index 16"), "{e}");
         let e = read_stale(&[STAMPED, 1, 2]).unwrap_err();
         assert!(e.contains("stamp"), "{e}");
-    }
-
-    /// `f`'s result and what it logged.
-    fn logged<T>(f: impl FnOnce() -> T) -> (T, String) {
-        #[derive(Clone, Default)]
-        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Buf {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let buf = Buf::default();
-        let writer = buf.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .without_time()
-            .finish();
-        let out = tracing::subscriber::with_default(subscriber, f);
-        let text = String::from_utf8_lossy(&buf.0.lock().unwrap()).into_owned();
-        (out, text)
     }
 
     /// A's stale-index record unreadable (damaged): said, and replaced by
