@@ -15,7 +15,8 @@
 //! MCU that have not run out (a lift ends one). `uptime` is the MCU's
 //! own (its clock at its last status): it stops when the MCU does. A
 //! silent MCU reads as the bus tells it: `failsafe`, `controller-silent`,
-//! since its last frame, the racks last heard, nothing measured. Before
+//! since its last frame, the racks last heard, nothing measured, and the
+//! beacon lit, as failsafe lights it. Before
 //! the MCU's first status (booting, or silent from the start) it reads
 //! as `run` before its first step: nothing measured, and the setpoint
 //! (while booting), the proposals and `rejection_short` not available.
@@ -337,7 +338,8 @@ pub(super) fn valves_of(s: &Status, racks: u8) -> u16 {
 /// The snapshot of a silent MCU, quiet for `quiet_ms` after its `last`
 /// status: as the bus is told (failsafe, controller-silent, the racks and
 /// setpoint last heard, nothing measured, no pump commanded), its uptime
-/// stopped.
+/// stopped, and the beacon lit, as failsafe lights it (the core's
+/// `beacon`), whatever the last status said.
 fn silent(
     last: Option<&Status>,
     quiet_ms: u64,
@@ -367,6 +369,7 @@ fn silent(
         sensor_faults,
         pumps: pump_word(None, failed, [false; 2]),
         pump_speed_pct: 0.0,
+        beacon: true,
         pue: m.pue,
         it_w: m.it_w,
         facility_w: m.facility_w,
@@ -738,6 +741,29 @@ mod tests {
         assert_eq!(s.setpoint_c, core.margins.failsafe_setpoint_c);
         assert_eq!(s.uptime_s, 0);
         assert_eq!(s.valves_open, 0b1111, "no valve known shut");
+    }
+
+    /// A silent MCU reads failsafe, and the core lights the beacon in
+    /// failsafe: the beacon register reads 1 whatever its last status
+    /// said, and before any status too.
+    #[test]
+    fn a_silent_mcu_lights_the_beacon_register_as_failsafe_does() {
+        let m = northbound_map();
+        let mut b = BmsBridge::new(&CoreConfig::default());
+        let dark = status(65_400, false);
+        for last in [Some(&dark), None] {
+            let s = b.snapshot(
+                Heard::Silent {
+                    last,
+                    quiet_ms: 4_200,
+                },
+                70_000,
+            );
+            assert_eq!(s.mode, CduMode::Failsafe);
+            assert!(s.beacon, "last status {:?}", last.map(|l| l.beacon));
+            let img = encode_snapshot(&m, &s, true);
+            assert_eq!(img.words(&m, "beacon").unwrap(), vec![1]);
+        }
     }
 
     /// Before any status no valve is known shut: every rack's shows open.
