@@ -6,15 +6,26 @@
 //! order; a field added to the configuration does not build until it is
 //! named there.
 //!
-//! The record, 267 bytes: the tag `LWFG`, the format's version (1 byte),
+//! The record, 271 bytes: the tag `LWFG`, the format's version (1 byte),
 //! every figure in `fields`'s order (`u8`, `u16` and `u64` as
-//! little-endian integers, `f32` as its bits little-endian), then a
-//! CRC-32 (ISO-HDLC, little-endian) of all before it.
+//! little-endian integers, `f32` as its bits little-endian), the CDU's
+//! heartbeat timeout (ms, `u32` little-endian; 0: the site figures did
+//! not give it), then a CRC-32 (ISO-HDLC, little-endian) of all before
+//! it. The heartbeat timeout is no figure of the core's (the core never
+//! uses it: it bounds the firmware's wait after a start and its control
+//! period), so it lies beside the configuration in the record, not in
+//! [`CoreConfig`]. A version 1 record (267 bytes) is the same without
+//! it, and still decodes, the timeout not given.
 //!
 //! Glossary:
 //! - *figures record*: those bytes; [`decode`] takes one only when its
 //!   tag, version, length and CRC are right and the configuration it
 //!   holds passes [`CoreConfig::validate`].
+//! - *heartbeat timeout*: how long the CDU waits for its heartbeat
+//!   register to be written before it falls back to its own control (the
+//!   site figures' `[loop] heartbeat_timeout_s`).
+
+use core::num::NonZeroU32;
 
 use crc::{Crc, CRC_32_ISO_HDLC};
 
@@ -25,24 +36,30 @@ use super::{
 
 /// The record's first bytes.
 pub const TAG: [u8; 4] = *b"LWFG";
-/// The record's format; a record of another is refused.
-pub const VERSION: u8 = 1;
+/// The record's format, the one [`encode`] writes; a record of another
+/// but version 1 (the same without the heartbeat timeout) is refused.
+pub const VERSION: u8 = 2;
 /// The figures' bytes: the layout (3 `u8` and a `u16`), 47 `f32` and the
 /// facility's `cdus` (`u8`), 8 timings (`u64`).
 const FIGURES_BYTES: usize = 3 + 2 + 47 * 4 + 1 + 8 * 8;
-/// A whole record's bytes.
-pub const RECORD_BYTES: usize = TAG.len() + 1 + FIGURES_BYTES + 4;
+/// The heartbeat timeout's bytes (a `u32`, ms), after the figures.
+const HEARTBEAT_BYTES: usize = 4;
+/// A whole record's bytes, as [`encode`] writes it.
+pub const RECORD_BYTES: usize = TAG.len() + 1 + FIGURES_BYTES + HEARTBEAT_BYTES + 4;
+/// A version 1 record's bytes: no heartbeat timeout.
+pub const RECORD_V1_BYTES: usize = RECORD_BYTES - HEARTBEAT_BYTES;
 
 const CRC: Crc<u32> = Crc::<u32>::new(&CRC_32_ISO_HDLC);
 
 /// Why a figures record was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FiguresError {
-    /// Not [`RECORD_BYTES`] long.
+    /// Not [`RECORD_BYTES`] long (nor [`RECORD_V1_BYTES`] for a version
+    /// 1 record).
     Length(usize),
     /// It does not start with [`TAG`].
     Tag,
-    /// A format other than [`VERSION`].
+    /// A format other than [`VERSION`] or 1.
     Version(u8),
     /// The CRC it carries is not that of its bytes.
     Crc {
@@ -58,9 +75,13 @@ pub enum FiguresError {
 impl core::fmt::Display for FiguresError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
-            Self::Length(n) => write!(f, "{n} bytes, not a figures record's {RECORD_BYTES}"),
+            Self::Length(n) => write!(
+                f,
+                "{n} bytes, not a figures record's {RECORD_BYTES} (version {VERSION}) \
+                 or {RECORD_V1_BYTES} (version 1)"
+            ),
             Self::Tag => write!(f, "not a figures record (its tag is not LWFG)"),
-            Self::Version(v) => write!(f, "a figures record of version {v}, not {VERSION}"),
+            Self::Version(v) => write!(f, "a figures record of version {v}, not {VERSION} (or 1)"),
             Self::Crc { carried, computed } => write!(
                 f,
                 "its CRC-32 {carried:#010x} is not its bytes' {computed:#010x} (damaged)"
@@ -70,8 +91,17 @@ impl core::fmt::Display for FiguresError {
     }
 }
 
-/// `cfg` as a figures record.
+/// `cfg` as a figures record, the CDU's heartbeat timeout not given.
 pub fn encode(cfg: &CoreConfig) -> [u8; RECORD_BYTES] {
+    encode_with(cfg, None)
+}
+
+/// `cfg` as a figures record, with the CDU's heartbeat timeout
+/// (`heartbeat_timeout_ms`, ms; `None`: not given, written as 0).
+pub fn encode_with(
+    cfg: &CoreConfig,
+    heartbeat_timeout_ms: Option<NonZeroU32>,
+) -> [u8; RECORD_BYTES] {
     let mut out = [0u8; RECORD_BYTES];
     out[..4].copy_from_slice(&TAG);
     out[4] = VERSION;
@@ -81,6 +111,8 @@ pub fn encode(cfg: &CoreConfig) -> [u8; RECORD_BYTES] {
     };
     fields(&mut cfg.clone(), &mut w);
     debug_assert_eq!(w.at, FIGURES_BYTES, "the field list fills the record");
+    let ms = heartbeat_timeout_ms.map_or(0, NonZeroU32::get);
+    out[5 + FIGURES_BYTES..RECORD_BYTES - 4].copy_from_slice(&ms.to_le_bytes());
     let crc = CRC.checksum(&out[..RECORD_BYTES - 4]);
     out[RECORD_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
     out
@@ -89,35 +121,57 @@ pub fn encode(cfg: &CoreConfig) -> [u8; RECORD_BYTES] {
 /// The configuration a figures record holds, checked as the core checks
 /// it ([`CoreConfig::validate`]).
 pub fn decode(bytes: &[u8]) -> Result<CoreConfig, FiguresError> {
+    decode_with(bytes).map(|(cfg, _)| cfg)
+}
+
+/// As [`decode`], with the CDU's heartbeat timeout the record carries,
+/// ms (`None`: not given, and in every version 1 record).
+pub fn decode_with(bytes: &[u8]) -> Result<(CoreConfig, Option<NonZeroU32>), FiguresError> {
     let mut cfg = CoreConfig::reference();
-    decode_into(bytes, &mut cfg)?;
-    Ok(cfg)
+    let heartbeat = decode_parts(bytes, &mut cfg)?;
+    Ok((cfg, heartbeat))
 }
 
 /// As [`decode`], into `cfg` (a microcontroller's static, off its
 /// stack); on an error `cfg` holds no configuration to run.
 pub fn decode_into(bytes: &[u8], cfg: &mut CoreConfig) -> Result<(), FiguresError> {
-    if bytes.len() != RECORD_BYTES {
+    decode_parts(bytes, cfg).map(|_| ())
+}
+
+/// The record's checks, its figures into `cfg`, and its heartbeat
+/// timeout.
+fn decode_parts(bytes: &[u8], cfg: &mut CoreConfig) -> Result<Option<NonZeroU32>, FiguresError> {
+    if bytes.len() != RECORD_BYTES && bytes.len() != RECORD_V1_BYTES {
         return Err(FiguresError::Length(bytes.len()));
     }
     if bytes[..4] != TAG {
         return Err(FiguresError::Tag);
     }
-    if bytes[4] != VERSION {
-        return Err(FiguresError::Version(bytes[4]));
+    let length = match bytes[4] {
+        VERSION => RECORD_BYTES,
+        1 => RECORD_V1_BYTES,
+        v => return Err(FiguresError::Version(v)),
+    };
+    if bytes.len() != length {
+        return Err(FiguresError::Length(bytes.len()));
     }
-    let (body, tail) = bytes.split_at(RECORD_BYTES - 4);
+    let (body, tail) = bytes.split_at(length - 4);
     let carried = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
     let computed = CRC.checksum(body);
     if carried != computed {
         return Err(FiguresError::Crc { carried, computed });
     }
+    let (figures, heartbeat) = body[5..].split_at(FIGURES_BYTES);
     let mut r = Reader {
-        bytes: &body[5..],
+        bytes: figures,
         at: 0,
     };
     fields(cfg, &mut r);
-    cfg.validate().map_err(FiguresError::Refused)
+    cfg.validate().map_err(FiguresError::Refused)?;
+    Ok(match heartbeat {
+        [a, b, c, d] => NonZeroU32::new(u32::from_le_bytes([*a, *b, *c, *d])),
+        _ => None,
+    })
 }
 
 /// One direction of the record: each figure in turn.
@@ -383,10 +437,60 @@ mod tests {
         for c in [CoreConfig::reference(), other()] {
             let r = encode(&c);
             assert_eq!(r.len(), RECORD_BYTES);
-            assert_eq!(&r[..5], b"LWFG\x01");
+            assert_eq!(&r[..5], b"LWFG\x02");
             assert_eq!(decode(&r), Ok(c));
+            assert_eq!(decode_with(&r), Ok((c, None)), "no timeout given");
         }
         assert_ne!(other(), CoreConfig::reference());
+    }
+
+    /// 30 s, ms.
+    const THIRTY_S: Option<NonZeroU32> = NonZeroU32::new(30_000);
+
+    #[test]
+    fn a_record_with_the_cdus_heartbeat_timeout_gives_it_back() {
+        let c = other();
+        let r = encode_with(&c, THIRTY_S);
+        assert_eq!(r.len(), RECORD_BYTES);
+        assert_eq!(
+            &r[RECORD_BYTES - 8..RECORD_BYTES - 4],
+            &30_000u32.to_le_bytes()
+        );
+        assert_eq!(decode_with(&r), Ok((c, THIRTY_S)));
+        assert_eq!(decode(&r), Ok(c));
+        let mut into = CoreConfig::reference();
+        assert_eq!(decode_into(&r, &mut into), Ok(()));
+        assert_eq!(into, c);
+        assert_ne!(r, encode(&c), "the timeout is in the record");
+    }
+
+    /// A version 1 record: the tag, version 1, the figures and the CRC of
+    /// them, no heartbeat timeout.
+    fn version_1(c: &CoreConfig) -> std::vec::Vec<u8> {
+        let mut r = encode_with(c, THIRTY_S)[..5 + FIGURES_BYTES].to_vec();
+        r[4] = 1;
+        let crc = CRC.checksum(&r);
+        r.extend_from_slice(&crc.to_le_bytes());
+        r
+    }
+
+    #[test]
+    fn a_version_1_record_still_decodes_with_no_heartbeat_timeout() {
+        let c = other();
+        let r = version_1(&c);
+        assert_eq!(r.len(), RECORD_V1_BYTES);
+        assert_eq!(RECORD_V1_BYTES, 267);
+        assert_eq!(decode_with(&r), Ok((c, None)));
+        assert_eq!(decode(&r), Ok(c));
+        // Each version at its own length only.
+        let mut long = encode(&c);
+        long[4] = 1;
+        assert_eq!(decode(&long), Err(FiguresError::Length(RECORD_BYTES)));
+        let mut short = r.clone();
+        short[4] = VERSION;
+        assert_eq!(decode(&short), Err(FiguresError::Length(RECORD_V1_BYTES)));
+        let e = FiguresError::Length(3).to_string();
+        assert!(e.contains("271 (version 2) or 267 (version 1)"), "{e}");
     }
 
     #[test]
@@ -409,7 +513,7 @@ mod tests {
             let e = decode(&bad).unwrap_err();
             let want = match i {
                 0..=3 => matches!(e, FiguresError::Tag),
-                4 => matches!(e, FiguresError::Version(0x11)),
+                4 => matches!(e, FiguresError::Version(0x12)),
                 _ => matches!(e, FiguresError::Crc { .. }),
             };
             assert!(want, "byte {i}: {e}");
