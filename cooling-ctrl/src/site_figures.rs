@@ -4,13 +4,19 @@
 //! with the core's default margins and timings. Production and the twin
 //! configure the core through this one function; a microcontroller's
 //! firmware is built with its result as a figures record
-//! ([`firmware_figures`], `cooling_core::config::figures`).
+//! ([`firmware_figures`], `cooling_core::config::figures`), with the
+//! CDU's heartbeat timeout where the figures give it
+//! ([`heartbeat_timeout_s`], the one check `run` and the record share).
 //!
 //! Glossary:
 //! - *site figures*: the hall's datasheet constants (racks, hosts, GPUs,
 //!   loop, heat rejection), which the core is configured with as a real
 //!   site would be.
+//! - *heartbeat timeout*: how long the CDU waits for its heartbeat
+//!   register to be written before it falls back to its own control
+//!   (`[loop] heartbeat_timeout_s`).
 
+use std::num::NonZeroU32;
 use std::path::Path;
 
 use loopwarden_boards::site::SiteConfig;
@@ -93,24 +99,82 @@ pub fn core_config(site: &SiteConfig) -> Result<CoreConfig, ConfigError> {
     Ok(cfg)
 }
 
-/// The core's configuration `run` builds from the site figures file at
-/// `path` (read, parsed and checked as `run` does); errors name the file.
-pub fn core_config_of_file(path: &Path) -> Result<CoreConfig, String> {
+/// The site figures file at `path`, read and parsed as `run` reads it,
+/// and its text; errors name the file.
+fn site_of_file(path: &Path) -> Result<(SiteConfig, String), String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("{}: cannot be read: {e}", path.display()))?;
     let site: SiteConfig =
         loopwarden_field::config::parse(Some(path), &text).map_err(|e| e.to_string())?;
-    let cfg =
-        core_config(&site).map_err(|e| format!("{}: for the control core: {e}", path.display()))?;
-    Ok(cfg)
+    Ok((site, text))
+}
+
+/// The core's configuration for `site`, read from `path`: [`core_config`],
+/// its errors naming the file.
+fn core_config_at(site: &SiteConfig, path: &Path) -> Result<CoreConfig, String> {
+    core_config(site).map_err(|e| format!("{}: for the control core: {e}", path.display()))
+}
+
+/// The core's configuration `run` builds from the site figures file at
+/// `path` (read, parsed and checked as `run` does); errors name the file.
+pub fn core_config_of_file(path: &Path) -> Result<CoreConfig, String> {
+    let (site, _) = site_of_file(path)?;
+    core_config_at(&site, path)
+}
+
+/// The CDU's heartbeat timeout, s, as the site figures `site` (parsed
+/// from `text`) give it (`[loop] heartbeat_timeout_s`): `None` where they
+/// leave the key out (`site` then holds the default's, no real CDU's).
+/// One given is refused unless a finite number of seconds above 0: it
+/// bounds the control period and the wait for a read-back after a start.
+/// The message names the key; the caller names the file.
+pub fn heartbeat_timeout_s(text: &str, site: &SiteConfig) -> Result<Option<f64>, String> {
+    let given = text.parse::<toml::Table>().is_ok_and(|table| {
+        let secondary = table.get("loop").and_then(|l| l.as_table());
+        secondary.is_some_and(|l| l.contains_key("heartbeat_timeout_s"))
+    });
+    let s = site.secondary.heartbeat_timeout_s;
+    match given {
+        false => Ok(None),
+        true if s.is_finite() && s > 0.0 => Ok(Some(s)),
+        true => Err(format!(
+            "[loop] heartbeat_timeout_s = {s}: the CDU's heartbeat timeout must be a finite \
+             number of seconds above 0 (it bounds the control period and the wait for a \
+             read-back after a start)"
+        )),
+    }
+}
+
+/// The CDU's heartbeat timeout `s` (checked by [`heartbeat_timeout_s`]) in
+/// the whole ms a figures record carries, rounded down (the firmware's
+/// wait after a start then ends no later than the CDU's timeout); one
+/// under 1 ms or past the record's `u32` is refused, naming the key.
+fn heartbeat_timeout_ms(s: f64) -> Result<NonZeroU32, String> {
+    let ms = (s * 1000.0).floor();
+    (ms <= f64::from(u32::MAX))
+        .then(|| NonZeroU32::new(ms as u32))
+        .flatten()
+        .ok_or_else(|| {
+            format!(
+                "[loop] heartbeat_timeout_s = {s}: a figures record carries the CDU's heartbeat \
+                 timeout in whole ms, 1 ms to {} ms",
+                u32::MAX
+            )
+        })
 }
 
 /// The figures record (`cooling_core::config::figures`) a CDU's firmware
 /// is built with (`LOOPWARDEN_FIRMWARE_FIGURES`), from the site figures
-/// file at `path`: the configuration [`core_config_of_file`] gives.
+/// file at `path`: the configuration [`core_config_of_file`] gives, and
+/// the CDU's heartbeat timeout where the figures give it
+/// ([`heartbeat_timeout_s`], refused as `run` refuses it), in ms.
 pub fn firmware_figures(path: &Path) -> Result<Vec<u8>, String> {
-    let cfg = core_config_of_file(path)?;
-    Ok(cooling_core::config::figures::encode(&cfg).to_vec())
+    let (site, text) = site_of_file(path)?;
+    let cfg = core_config_at(&site, path)?;
+    let heartbeat = heartbeat_timeout_s(&text, &site)
+        .and_then(|s| s.map(heartbeat_timeout_ms).transpose())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(cooling_core::config::figures::encode_with(&cfg, heartbeat).to_vec())
 }
 
 #[cfg(test)]
@@ -127,5 +191,48 @@ mod tests {
         }
         site.cdus = 255;
         assert_eq!(core_config(&site).unwrap().facility.cdus, 255);
+    }
+
+    /// The site figures `text` in a file of their own, and the record
+    /// `firmware-figures` makes of them.
+    fn record_of(
+        text: &str,
+    ) -> (
+        tempfile::TempDir,
+        std::path::PathBuf,
+        Result<Vec<u8>, String>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hall.toml");
+        std::fs::write(&path, text).unwrap();
+        let r = firmware_figures(&path);
+        (dir, path, r)
+    }
+
+    #[test]
+    fn the_record_carries_the_cdus_heartbeat_timeout_the_figures_give() {
+        use cooling_core::config::figures::decode_with;
+        let (_d, path, r) = record_of("racks = 2\n[loop]\nheartbeat_timeout_s = 30\n");
+        let (cfg, heartbeat) = decode_with(&r.unwrap()).unwrap();
+        assert_eq!(heartbeat, NonZeroU32::new(30_000));
+        assert_eq!(Ok(cfg), core_config_of_file(&path));
+        let (_d, _, r) = record_of("racks = 2\n[loop]\nheartbeat_timeout_s = 12.3456\n");
+        assert_eq!(decode_with(&r.unwrap()).unwrap().1, NonZeroU32::new(12_345));
+        // Left out: not given, though the figures' default is 10 s.
+        let (_d, _, r) = record_of("racks = 2\n");
+        assert_eq!(decode_with(&r.unwrap()).unwrap().1, None);
+    }
+
+    #[test]
+    fn a_heartbeat_timeout_that_is_no_finite_time_writes_no_record_naming_the_key_and_the_file() {
+        for bad in ["0", "-1", "inf", "nan", "0.0004", "5e6"] {
+            let (_d, path, r) = record_of(&format!("[loop]\nheartbeat_timeout_s = {bad}\n"));
+            let e = r.unwrap_err();
+            assert!(
+                e.starts_with(&path.display().to_string())
+                    && e.contains("[loop] heartbeat_timeout_s"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

@@ -113,12 +113,16 @@ pub(super) fn core_config(
     flags: &Overrides,
     demo: bool,
 ) -> Result<Plant, ConfigError> {
-    let (figures, figures_path, heartbeat_given) = match pick!(
+    let (figures, figures_path, heartbeat) = match pick!(
         flags.site_figures,
         file.site_figures,
         "site-figures"
     ) {
-        (None, _) if demo => (SiteConfig::default(), None, true),
+        (None, _) if demo => {
+            let twins = SiteConfig::default();
+            let s = twins.secondary.heartbeat_timeout_s;
+            (twins, None, Ok(Some(s)))
+        }
         (None, _) => return Err(required_on_a_real_link(
             src,
             "site_figures",
@@ -133,11 +137,8 @@ pub(super) fn core_config(
                 )
             })?;
             let figures: SiteConfig = field::parse(Some(&p), &t)?;
-            let given = t.parse::<toml::Table>().is_ok_and(|table| {
-                let secondary = table.get("loop").and_then(|l| l.as_table());
-                secondary.is_some_and(|l| l.contains_key("heartbeat_timeout_s"))
-            });
-            (figures, Some(p), given)
+            let heartbeat = crate::site_figures::heartbeat_timeout_s(&t, &figures);
+            (figures, Some(p), heartbeat)
         }
     };
     let figures_origin = || {
@@ -157,19 +158,12 @@ pub(super) fn core_config(
         line: None,
         message: format!("for the control core: {e}"),
     })?;
-    let s = figures.secondary.heartbeat_timeout_s;
-    if heartbeat_given && !(s.is_finite() && s > 0.0) {
-        return Err(ConfigError {
-            origin: figures_origin(),
-            line: None,
-            message: format!(
-                "[loop] heartbeat_timeout_s = {s}: the CDU's heartbeat timeout must be a finite \
-                 number of seconds above 0 (it bounds the control period and the wait for a \
-                 read-back after a start)"
-            ),
-        });
-    }
-    let no_heartbeat = (!heartbeat_given && !demo).then(|| {
+    let heartbeat = heartbeat.map_err(|message| ConfigError {
+        origin: figures_origin(),
+        line: None,
+        message,
+    })?;
+    let no_heartbeat = (heartbeat.is_none() && !demo).then(|| {
         format!(
             "the site figures ({}) do not give the CDU's heartbeat timeout ([loop] \
              heartbeat_timeout_s): after a start the heartbeat waits at most 10 s for a \
@@ -177,7 +171,7 @@ pub(super) fn core_config(
             figures_origin()
         )
     });
-    let heartbeat = heartbeat_given.then(|| HeartbeatTimeout {
+    let heartbeat = heartbeat.map(|s| HeartbeatTimeout {
         s,
         figures: figures_origin(),
     });

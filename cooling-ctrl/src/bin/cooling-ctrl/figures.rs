@@ -1,7 +1,8 @@
 //! `cooling-ctrl firmware-figures --site-figures FILE --out FILE`: writes
 //! the figures record a CDU's firmware is built with
 //! (`LOOPWARDEN_FIRMWARE_FIGURES`): the control core's configuration `run`
-//! builds from that site figures file, checked as `run` checks it
+//! builds from that site figures file, checked as `run` checks it, and
+//! the CDU's heartbeat timeout where the figures give it
 //! (`cooling_ctrl::site_figures::firmware_figures`). The firmware decodes
 //! it at start and refuses to run a record that is damaged or that the
 //! core refuses.
@@ -40,12 +41,24 @@ pub fn command(a: &Args) -> ExitCode {
 }
 
 fn write(site_figures: &Path, out: &Path) -> Result<String, String> {
-    let cfg = cooling_ctrl::site_figures::core_config_of_file(site_figures)?;
-    let bytes = cooling_core::config::figures::encode(&cfg);
-    std::fs::write(out, bytes).map_err(|e| format!("{}: not written: {e}", out.display()))?;
+    let bytes = cooling_ctrl::site_figures::firmware_figures(site_figures)?;
+    let (cfg, heartbeat) = cooling_core::config::figures::decode_with(&bytes)
+        .map_err(|e| format!("{}: the record made: {e}", site_figures.display()))?;
+    std::fs::write(out, &bytes).map_err(|e| format!("{}: not written: {e}", out.display()))?;
     let l = &cfg.layout;
+    let heartbeat = heartbeat.map_or(
+        "the CDU's heartbeat timeout not given ([loop] heartbeat_timeout_s): the firmware \
+         waits 10 s for a read-back after a start"
+            .to_string(),
+        |ms| {
+            format!(
+                "the CDU's heartbeat timeout {} s",
+                f64::from(ms.get()) / 1000.0
+            )
+        },
+    );
     Ok(format!(
-        "{}: {} bytes from {}: {} racks of {} hosts of {} GPUs, {} CDU(s) on the facility water",
+        "{}: {} bytes from {}: {} racks of {} hosts of {} GPUs, {} CDU(s) on the facility water; {heartbeat}",
         out.display(),
         bytes.len(),
         site_figures.display(),
