@@ -512,15 +512,18 @@ impl Gateway {
     /// The BMS wrote `ws` in one request (the northbound server checked
     /// them against the map): what they mean goes down, the limits once
     /// for the whole request (both as written, never one without the
-    /// other).
+    /// other); an outdoor temperature is in force once the line took it.
     fn on_bms(&mut self, ws: Vec<NorthboundWrite>) {
         let now = self.now();
         let mut limits = None;
         for w in ws {
             tracing::info!("cooling gateway: the BMS wrote {w}");
-            match self.bms.write(w, now.mono_ms) {
+            match self.bms.write(w) {
                 Some(down @ Down::Limits { .. }) => limits = Some(down),
-                Some(down) => self.send_bms(&down),
+                Some(Down::Outdoor(celsius)) => self.outdoor_down(celsius, now.mono_ms),
+                Some(down) => {
+                    self.send_bms(&down);
+                }
                 None => {}
             }
         }
@@ -637,10 +640,17 @@ impl Gateway {
                 Act::Started => {
                     // A started MCU has forgotten the gateway's layout
                     // (it sends no status until it hears one that is its
-                    // own) and the BMS's limits.
+                    // own), the BMS's limits and its outdoor temperature
+                    // (not sent again: it would look new).
                     self.send_alive();
-                    if let Some(limits) = self.bms.due(self.now().mono_ms, true) {
+                    let now_ms = self.now().mono_ms;
+                    if let Some(limits) = self.bms.due(now_ms, true) {
                         self.send_bms(&limits);
+                    }
+                    if let Some(c) = self.bms.mcu_started(now_ms) {
+                        tracing::warn!(
+                            "cooling gateway: the BMS's outdoor temperature, {c} °C, is no longer in force: the microcontroller started again and forgot it; the BMS must write it again"
+                        );
                     }
                 }
                 Act::Say(level, words) => say(level, &words),

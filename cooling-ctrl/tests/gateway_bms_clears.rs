@@ -13,6 +13,9 @@
 //! - a clear signed with another key is carried all the same: the
 //!   microcontroller refuses it, not the gateway;
 //! - the BMS's limits outlive a restart of the gateway (kept in flash);
+//! - the BMS's outdoor temperature reads back only while the
+//!   microcontroller holds it: not when written while the line is
+//!   closed, not after the microcontroller started again;
 //! - an answer that comes after its clear was said unanswered is counted
 //!   late, not done.
 //!
@@ -306,6 +309,110 @@ fn the_bms_writes_and_operators_signed_clears_reach_the_microcontroller() {
         holding,
         [3550, (-20i16) as u16],
         "the kept limits read back"
+    );
+}
+
+/// The northbound server at `addr`, connected once it serves (the
+/// gateway binds it as it starts); panics after 10 s.
+fn bms_when_served(addr: SocketAddr) -> (tokio::runtime::Runtime, tokio_modbus::client::Context) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the northbound server at {addr} never served"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bms_client::connect(addr)
+}
+
+/// `outdoor_temp` (holding 3) reads a value only while the
+/// microcontroller holds it: a write made while the line is closed never
+/// reaches it (and is not sent later: it would look new), and a
+/// microcontroller that started again forgot the value it held.
+#[test]
+fn the_outdoor_temperature_reads_back_only_while_the_microcontroller_holds_it() {
+    let Some(broker) = Mosquitto::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // Nobody at the MCU's port yet: the line cannot open.
+    let mcu_at: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let northbound: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let config = config(
+        dir.path(),
+        &broker,
+        &format!("northbound = \"{northbound}\"\nnorthbound_writes = true\n"),
+    );
+    let _gateway = spawn(&config, mcu_at);
+    let (rt, mut ctx) = bms_when_served(northbound);
+    let minus_4_50 = (-450i16) as u16;
+    let write_outdoor = |ctx: &mut tokio_modbus::client::Context| {
+        rt.block_on(ctx.write_single_register(3, minus_4_50))
+            .unwrap()
+            .expect("the write answered");
+        rt.block_on(ctx.read_holding_registers(3, 1))
+            .unwrap()
+            .expect("read back")[0]
+    };
+    assert_eq!(
+        write_outdoor(&mut ctx),
+        0x8000,
+        "written while the line is closed: not in force"
+    );
+
+    // The line opens: the value written meanwhile does not come down.
+    let listener = TcpListener::bind(mcu_at).unwrap();
+    let mut mcu = Mcu::accept(&listener);
+    let mut step = 1;
+    let mut came = Vec::new();
+    let heard_from = Instant::now();
+    while heard_from.elapsed() < Duration::from_secs(2) {
+        mcu.send(&status(step, 32.0));
+        step += 1;
+        came.extend(
+            mcu.downs(Duration::from_millis(300))
+                .into_iter()
+                .map(|(_, d)| d),
+        );
+    }
+    assert!(
+        came.iter().any(|d| matches!(d, Down::Alive { .. })),
+        "{came:?}"
+    );
+    assert!(
+        !came.iter().any(|d| matches!(d, Down::Outdoor(_))),
+        "{came:?}"
+    );
+
+    // Written with the line open: it comes down and reads back.
+    assert_eq!(write_outdoor(&mut ctx), minus_4_50);
+    down_until(
+        &mut mcu,
+        &mut step,
+        Duration::from_secs(5),
+        "the outdoor temperature",
+        |d| (*d == Down::Outdoor(-4.5)).then_some(()),
+    );
+
+    // The microcontroller starts again: it holds no value of the BMS.
+    mcu.hello();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let read = loop {
+        mcu.send(&status(step, 32.0));
+        step += 1;
+        mcu.downs(Duration::from_millis(200));
+        let read = rt
+            .block_on(ctx.read_holding_registers(3, 1))
+            .unwrap()
+            .expect("read")[0];
+        if read == 0x8000 || Instant::now() > deadline {
+            break read;
+        }
+    };
+    assert_eq!(
+        read, 0x8000,
+        "a value the microcontroller forgot at its start"
     );
 }
 

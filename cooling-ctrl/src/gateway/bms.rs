@@ -29,7 +29,11 @@
 //! [`Down::Outdoor`] once per write: the MCU dates it from when it hears
 //! it and keeps it for
 //! [`BMS_FRESH`](cooling_decide::outdoor::BMS_FRESH) (300 s), so a
-//! repeat would make an old value look new. `alarm_ack` is kept here, as `run` keeps it
+//! repeat would make an old value look new. It is in force (the holding
+//! register reads it) from when the line took it, as the MCU holds it: one
+//! the line did not take (closed, or its queue full) never is, and the
+//! value in force is forgotten when the MCU starts again (it holds none
+//! then). `alarm_ack` is kept here, as `run` keeps it
 //! ([`AlarmAck`]: the holding register, covering what the registers
 //! showed alarming as the server took the write, cleared when a snapshot
 //! shows anything alarming the acknowledgement did not cover); nothing
@@ -144,17 +148,15 @@ impl BmsBridge {
         }
     }
 
-    /// The BMS wrote `w` at `now_ms`: what goes down for it, if anything.
+    /// The BMS wrote `w`: what goes down for it, if anything.
     /// An `alarm_ack` acknowledges what the BMS had read
     /// ([`AlarmAck::acknowledge`]): one taken after more became alarming
-    /// reads 0.
-    pub fn write(&mut self, w: NorthboundWrite, now_ms: u64) -> Option<Down> {
+    /// reads 0. An outdoor temperature is in force only once the line
+    /// took it ([`BmsBridge::outdoor_handed`]).
+    pub fn write(&mut self, w: NorthboundWrite) -> Option<Down> {
         self.settings.apply(w);
         match w {
-            NorthboundWrite::OutdoorTemp { celsius } => {
-                self.outdoor.bms_wrote(celsius, now_ms);
-                Some(Down::Outdoor(celsius))
-            }
+            NorthboundWrite::OutdoorTemp { celsius } => Some(Down::Outdoor(celsius)),
             NorthboundWrite::AlarmAck { seen } => {
                 self.settings.alarm_acknowledged = self.ack.acknowledge(seen);
                 None
@@ -163,6 +165,24 @@ impl BmsBridge {
                 Some(self.limits())
             }
         }
+    }
+
+    /// The MCU's line took the BMS's outdoor temperature, `celsius`, at
+    /// `now_ms`: the MCU holds it from then, and the holding register
+    /// reads it for as long
+    /// ([`BMS_FRESH`](cooling_decide::outdoor::BMS_FRESH)).
+    pub fn outdoor_handed(&mut self, celsius: f32, now_ms: u64) {
+        self.outdoor.bms_wrote(celsius, now_ms);
+    }
+
+    /// The MCU started again (the bridge's
+    /// [`Act::Started`](super::bridge::Act::Started)): it forgot the
+    /// BMS's outdoor temperature, so none reads as in force; the value
+    /// that was, if any. (The limits go down again: [`BmsBridge::due`].)
+    pub fn mcu_started(&mut self, now_ms: u64) -> Option<f32> {
+        let was = self.outdoor.bms_fresh(now_ms);
+        self.outdoor = OutdoorSources::new();
+        was
     }
 
     /// The limits the BMS set before a restart of the gateway, as kept in
@@ -533,7 +553,7 @@ mod tests {
         assert_eq!(b.due(0, true), None, "nothing written, nothing repeated");
         let ceiling = NorthboundWrite::SetpointCeiling { celsius: 35.5 };
         assert_eq!(
-            b.write(ceiling, 1_000),
+            b.write(ceiling),
             Some(Down::Limits {
                 ceiling_c: 35.5,
                 offset_k: 0.0
@@ -544,7 +564,7 @@ mod tests {
             ceiling_c: 35.5,
             offset_k: -2.0,
         };
-        assert_eq!(b.write(offset, 2_000), Some(both.clone()));
+        assert_eq!(b.write(offset), Some(both.clone()));
         b.limits_handed(2_000);
         assert_eq!(b.due(2_000 + LIMITS_EVERY_MS - 1, false), None);
         assert_eq!(b.due(2_000 + LIMITS_EVERY_MS, false), Some(both.clone()));
@@ -552,9 +572,11 @@ mod tests {
         assert_eq!(b.due(2_000 + LIMITS_EVERY_MS + 10, false), None);
         // The MCU started again: at once.
         assert_eq!(b.due(2_000 + LIMITS_EVERY_MS + 20, true), Some(both));
-        // The outdoor temperature: once per write, read back while fresh.
+        // The outdoor temperature: once per write, read back while fresh
+        // from when the line took it.
         let outdoor = NorthboundWrite::OutdoorTemp { celsius: -4.5 };
-        assert_eq!(b.write(outdoor, 10_000), Some(Down::Outdoor(-4.5)));
+        assert_eq!(b.write(outdoor), Some(Down::Outdoor(-4.5)));
+        b.outdoor_handed(-4.5, 10_000);
         assert_eq!(b.settings(10_000 + 299_999).outdoor_c, Some(-4.5));
         assert_eq!(b.settings(10_000 + 300_000).outdoor_c, None);
         let s = b.snapshot(Heard::Nothing, 11_000);
@@ -567,13 +589,39 @@ mod tests {
         );
     }
 
+    /// The outdoor temperature reads back only while the MCU holds it:
+    /// from when the line took it (not as the BMS wrote it: one the line
+    /// refused never reaches the MCU, and the one it holds stands), and
+    /// not after the MCU started again (it forgot it).
+    #[test]
+    fn the_outdoor_temperature_reads_back_only_while_the_mcu_holds_it() {
+        let mut b = BmsBridge::new(&CoreConfig::default());
+        let write = |celsius| NorthboundWrite::OutdoorTemp { celsius };
+        assert_eq!(b.write(write(-4.5)), Some(Down::Outdoor(-4.5)));
+        assert_eq!(b.settings(1_000).outdoor_c, None, "not taken yet");
+        let s = b.snapshot(Heard::Nothing, 1_000);
+        let m = northbound_map();
+        let img = encode_snapshot(&m, &s, true);
+        assert_eq!(img.words(&m, "outdoor_temp").unwrap(), vec![0x8000]);
+        b.outdoor_handed(-4.5, 1_200);
+        assert_eq!(b.settings(1_200).outdoor_c, Some(-4.5));
+        // A later write the line refuses: the value the MCU holds stands.
+        b.write(write(7.25));
+        assert_eq!(b.settings(2_000).outdoor_c, Some(-4.5));
+        assert_eq!(b.settings(1_200 + 299_999).outdoor_c, Some(-4.5));
+        // The MCU started again: it holds none.
+        assert_eq!(b.mcu_started(3_000), Some(-4.5));
+        assert_eq!(b.settings(3_000).outdoor_c, None);
+        assert_eq!(b.snapshot(Heard::Nothing, 3_000).settings.outdoor_c, None);
+    }
+
     /// A line that did not take the limits: they are due again at the
     /// next step, not after [`LIMITS_EVERY_MS`].
     #[test]
     fn limits_the_line_did_not_take_go_again_at_the_next_step() {
         let mut b = BmsBridge::new(&CoreConfig::default());
         let ceiling = NorthboundWrite::SetpointCeiling { celsius: 36.0 };
-        let limits = b.write(ceiling, 1_000).expect("the limits go down");
+        let limits = b.write(ceiling).expect("the limits go down");
         // Not handed (the line's queue refused them).
         assert_eq!(b.due(1_250, false), Some(limits.clone()));
         assert_eq!(b.due(1_500, false), Some(limits.clone()), "until handed");
@@ -595,7 +643,7 @@ mod tests {
         let mut b = BmsBridge::new(&CoreConfig::default());
         // Rack 3's sensing lost, rack 2's leak and pump A light the beacon.
         let seen = b.snapshot(Heard::Speaking(&status(1_000, true)), 0).alarms;
-        assert_eq!(b.write(NorthboundWrite::AlarmAck { seen }, 100), None);
+        assert_eq!(b.write(NorthboundWrite::AlarmAck { seen }), None);
         let lit = status(2_000, true);
         assert!(
             b.snapshot(Heard::Speaking(&lit), 200)
@@ -608,7 +656,7 @@ mod tests {
         let s = b.snapshot(Heard::Speaking(&leak), 300);
         assert!(!s.settings.alarm_acknowledged, "rack 0's leak is new");
         assert!(!b.settings(300).alarm_acknowledged, "the register reads 0");
-        b.write(NorthboundWrite::AlarmAck { seen: s.alarms }, 400);
+        b.write(NorthboundWrite::AlarmAck { seen: s.alarms });
         assert!(
             b.snapshot(Heard::Speaking(&leak), 500)
                 .settings
@@ -619,7 +667,7 @@ mod tests {
         let again = b.snapshot(Heard::Speaking(&status(5_000, true)), 700);
         assert!(!again.settings.alarm_acknowledged);
         // The MCU falling silent: failsafe, controller-silent, is new.
-        b.write(NorthboundWrite::AlarmAck { seen: again.alarms }, 800);
+        b.write(NorthboundWrite::AlarmAck { seen: again.alarms });
         let quiet = Heard::Silent {
             last: Some(&lit),
             quiet_ms: 3_000,
@@ -638,7 +686,7 @@ mod tests {
         calm.pumps_failed = [false; 2];
         calm.mode = (CduMode::Normal, ReasonCode::OK, 0);
         let seen = b.snapshot(Heard::Speaking(&calm), 0).alarms;
-        b.write(NorthboundWrite::AlarmAck { seen }, 100);
+        b.write(NorthboundWrite::AlarmAck { seen });
         assert!(
             b.snapshot(Heard::Speaking(&calm), 200)
                 .settings
@@ -664,12 +712,12 @@ mod tests {
         let mut leak = status(2_000, true);
         leak.racks.leaks_latched |= 0b0001;
         let shown = b.snapshot(Heard::Speaking(&leak), 100);
-        assert_eq!(b.write(NorthboundWrite::AlarmAck { seen: read }, 150), None);
+        assert_eq!(b.write(NorthboundWrite::AlarmAck { seen: read }), None);
         assert!(!b.settings(150).alarm_acknowledged, "at once");
         let s = b.snapshot(Heard::Speaking(&leak), 200);
         assert!(!s.settings.alarm_acknowledged, "rack 0's leak unread");
         // Written against what the registers show: acknowledged.
-        b.write(NorthboundWrite::AlarmAck { seen: shown.alarms }, 250);
+        b.write(NorthboundWrite::AlarmAck { seen: shown.alarms });
         assert!(b.settings(250).alarm_acknowledged);
         let s = b.snapshot(Heard::Speaking(&leak), 300);
         assert!(s.settings.alarm_acknowledged);

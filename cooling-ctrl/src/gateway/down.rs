@@ -84,10 +84,10 @@ impl Gateway {
         }
     }
 
-    /// `down` of the BMS to the MCU's line. A line that does not take
-    /// them is said at the first refusal of a run and when it takes one
-    /// again, not at every retry.
-    pub(super) fn send_bms(&mut self, down: &Down) {
+    /// `down` of the BMS to the MCU's line; whether the line took it. A
+    /// line that does not take them is said at the first refusal of a run
+    /// and when it takes one again, not at every retry.
+    pub(super) fn send_bms(&mut self, down: &Down) -> bool {
         let handed = self.send_down(down);
         if handed {
             self.stats.bms_forwarded += 1;
@@ -105,6 +105,16 @@ impl Gateway {
             tracing::info!(
                 "cooling gateway: the microcontroller's line takes the BMS's messages again"
             );
+        }
+        handed
+    }
+
+    /// The BMS's outdoor temperature, `celsius`, written at `now_ms`, to
+    /// the MCU's line: in force from then if the line took it, else lost
+    /// (said by [`Gateway::send_bms`]).
+    pub(super) fn outdoor_down(&mut self, celsius: f32, now_ms: u64) {
+        if self.send_bms(&Down::Outdoor(celsius)) {
+            self.bms.outdoor_handed(celsius, now_ms);
         }
     }
 
@@ -144,8 +154,9 @@ fn bms_refused_words(down: &Down) -> String {
     const NOT: &str = "not handed to the microcontroller's line";
     match down {
         Down::Outdoor(t) => format!(
-            "the BMS's outdoor temperature, {t} °C, was {NOT}: it is lost (the microcontroller \
-             would date a repeat from when it hears it); the BMS must write it again"
+            "the BMS's outdoor temperature, {t} °C, was {NOT}: it is lost, not in force \
+             (the microcontroller would date a repeat from when it hears it); the BMS must \
+             write it again"
         ),
         Down::Limits {
             ceiling_c,

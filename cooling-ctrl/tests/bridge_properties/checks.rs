@@ -340,7 +340,7 @@ impl World {
                 seen: self.x.alarms_shown,
             },
         };
-        if let Some(down) = self.gw.bms.write(w, self.now().mono_ms) {
+        if let Some(down) = self.gw.bms.write(w) {
             self.bms_down(&down)?;
         }
         Ok(())
