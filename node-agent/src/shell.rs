@@ -189,6 +189,59 @@ pub(crate) struct Agent {
     pub stale_indexes: Vec<(u8, Vec<u8>)>,
 }
 
+/// What an [`Agent`] starts with; the rest of its state starts empty
+/// ([`Agent::new`]).
+pub(crate) struct Parts {
+    pub config: Config,
+    pub bus: Bus,
+    pub workers: Vec<Arc<Worker>>,
+    pub gpus: Vec<GpuState>,
+    pub node: Node,
+    pub recorder: Recorder,
+    pub resender: Resender,
+    pub actions: mpsc::Sender<quarantine::ActionDone>,
+    pub xid_stats: crate::xid_queue::XidStats,
+    /// The first sequence number the flash gives this run's events.
+    pub first_seq: u32,
+    pub snapshots: watch::Sender<Option<Snapshot>>,
+    pub clock: Steady,
+    pub cooling: cooling::Steps,
+    pub stale_indexes: Vec<(u8, Vec<u8>)>,
+}
+
+impl Agent {
+    /// The agent of `parts`, nothing yet done: no action running, no
+    /// sampling timed, nothing said, no lost mark to clear.
+    pub(crate) fn new(parts: Parts) -> Agent {
+        Agent {
+            config: parts.config,
+            bus: parts.bus,
+            workers: parts.workers,
+            gpus: parts.gpus,
+            node: parts.node,
+            recorder: parts.recorder,
+            seq_floor: SeqFloor::new(parts.first_seq),
+            timing: Timing::default(),
+            last_json: None,
+            actions: parts.actions,
+            xid_stats: parts.xid_stats,
+            xids_dropped_said: 0,
+            running_actions: Vec::new(),
+            quarantine_runs: BTreeMap::new(),
+            snapshots: parts.snapshots,
+            clock: parts.clock,
+            cooling: parts.cooling,
+            resender: parts.resender,
+            unkept_limits_said: false,
+            site_actions: Default::default(),
+            identify_at: 0,
+            lost_mark: None,
+            lost_mark_clearing: None,
+            stale_indexes: parts.stale_indexes,
+        }
+    }
+}
+
 /// What a process that runs many agents may ask of each (nothing by
 /// default).
 #[derive(Default)]
@@ -276,11 +329,7 @@ async fn run_agent(
     } = startup::start_bus(&config, first_seq, outbox, gpus.len())?;
 
     // The console.
-    let console_path = config.console.clone();
-    let listener = console::bind(&console_path).map_err(|source| AgentError::Console {
-        path: console_path.display().to_string(),
-        source,
-    })?;
+    let (listener, console_path) = bind_console(&config)?;
     let (actions_tx, mut actions_rx) = mpsc::channel(ACTION_OUTCOMES);
     let (cooling, mut cooling_rx) = cooling::start_runner();
     let recorder = Recorder::start_on(log, store, flash_path.as_deref(), bus.clone())
@@ -290,13 +339,7 @@ async fn run_agent(
     if let Some(tx) = hooks.bus {
         let _ = tx.send(bus.clone());
     }
-    let (snapshots, snapshot_rx) = match hooks.snapshots {
-        Some(tx) => {
-            let rx = tx.subscribe();
-            (tx, rx)
-        }
-        None => console::snapshot_channel(),
-    };
+    let (snapshots, snapshot_rx) = snapshot_channel(hooks.snapshots);
     let resender = Resender::start(
         bus.clone(),
         recorder.clone(),
@@ -311,32 +354,22 @@ async fn run_agent(
         .protection_off
         .extend(startup::persistence_off(&config, &gpus));
     let readers = start_readers(listener, console_path, &config, context);
-    let mut agent = Agent {
-        resender,
-        actions: actions_tx,
-        xid_stats: xid_rx.stats_reader(),
-        xids_dropped_said: 0,
-        running_actions: Vec::new(),
-        quarantine_runs: BTreeMap::new(),
+    let mut agent = Agent::new(Parts {
         config,
         bus,
         workers,
         gpus,
         node,
         recorder,
-        seq_floor: SeqFloor::new(first_seq),
-        timing: Timing::default(),
-        last_json: None,
+        resender,
+        actions: actions_tx,
+        xid_stats: xid_rx.stats_reader(),
+        first_seq,
         snapshots,
         clock,
         cooling,
-        unkept_limits_said: false,
-        site_actions: Default::default(),
-        identify_at: 0,
-        lost_mark: None,
-        lost_mark_clearing: None,
         stale_indexes: undone.stale.clone(),
-    };
+    });
     agent.keep_taken_back(&undone, config_lost).await;
     // What a crash (or a failure) left undone runs again.
     agent.resume_actions(&undone.quarantines);
@@ -488,6 +521,35 @@ impl Agent {
             tracing::warn!("leaving the bus: {e}");
         }
         bus_task.join(Duration::from_secs(3)).await;
+    }
+}
+
+/// The console socket bound at `config.console`, and its path.
+fn bind_console(
+    config: &Config,
+) -> Result<(tokio::net::UnixListener, std::path::PathBuf), AgentError> {
+    let path = config.console.clone();
+    let listener = console::bind(&path).map_err(|source| AgentError::Console {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Ok((listener, path))
+}
+
+/// The loop's snapshot channel: the sender `given` (its caller watches
+/// the loop too, [`RunHooks::snapshots`]), else one of its own.
+fn snapshot_channel(
+    given: Option<watch::Sender<Option<Snapshot>>>,
+) -> (
+    watch::Sender<Option<Snapshot>>,
+    watch::Receiver<Option<Snapshot>>,
+) {
+    match given {
+        Some(tx) => {
+            let rx = tx.subscribe();
+            (tx, rx)
+        }
+        None => console::snapshot_channel(),
     }
 }
 

@@ -1,16 +1,14 @@
-//! Tests only: an [`Agent`] as `run_agent` builds it, on two twin GPUs,
-//! its flash in memory and its bus on a broker nobody listens on, with
-//! the recorder given (a test may hold its flash thread), so its glue can
-//! be driven one call at a time.
+//! Tests only: an [`Agent`] built as `run_agent` builds it
+//! ([`Agent::new`]), on two twin GPUs, its flash in memory and its bus on
+//! a broker nobody listens on, with the recorder given (a test may hold
+//! its flash thread), so its glue can be driven one call at a time.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use loopwarden_store::agent_flash::SeqFloor;
 use loopwarden_store::recorder::Recorder;
 use tokio::sync::mpsc;
 
-use super::{cooling, startup, Agent, Resender, Steady};
+use super::{cooling, startup, Agent, Parts, Resender, Steady};
 use crate::clock::SystemClock;
 use crate::gpu::GpuSource;
 
@@ -41,30 +39,20 @@ pub(super) async fn agent(recorder: Recorder) -> Agent {
     let parts = startup::start_bus(&config, 1, outbox, gpus.len()).expect("bus");
     let bus = parts.bus;
     let resender = Resender::start(bus.clone(), recorder.clone(), Vec::new());
-    Agent {
-        resender,
-        actions: mpsc::channel(1).0,
-        xid_stats: xids.stats_reader(),
-        xids_dropped_said: 0,
-        running_actions: Vec::new(),
-        quarantine_runs: BTreeMap::new(),
+    Agent::new(Parts {
         config,
         bus,
         workers,
         gpus,
         node,
         recorder,
-        seq_floor: SeqFloor::new(1),
-        timing: Default::default(),
-        last_json: None,
+        resender,
+        actions: mpsc::channel(1).0,
+        xid_stats: xids.stats_reader(),
+        first_seq: 1,
         snapshots: crate::console::snapshot_channel().0,
         clock,
         cooling: cooling::start_runner().0,
-        unkept_limits_said: false,
-        site_actions: Default::default(),
-        identify_at: 0,
-        lost_mark: None,
-        lost_mark_clearing: None,
         stale_indexes: Vec::new(),
-    }
+    })
 }
