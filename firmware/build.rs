@@ -15,14 +15,18 @@
 //! - `figures.rs`: the hall's figures the core starts with, the figures
 //!   record in the file named by `LOOPWARDEN_FIRMWARE_FIGURES` (a path
 //!   absolute or from `firmware/`; without it the reference hall's, and a
-//!   warning says so).
+//!   warning says so), with the bound of the wait after a start
+//!   (`START_BOUND_MS`): the CDU's heartbeat timeout the record carries,
+//!   else 10 s and a warning naming `[loop] heartbeat_timeout_s`.
 //!
 //! A file that cannot be read, parsed or believed stops the build with
 //! the file and the reason; a map without a register the firmware needs
 //! names it; figures the firmware would refuse at start, or a map whose
 //! valve word cannot hold their racks or whose supply_setpoint range
 //! leaves none of their setpoints (the firmware's check at start, and
-//! `run`'s), stop it too.
+//! `run`'s), stop it too, as does a control period above a third of the
+//! CDU's heartbeat timeout the figures give (`run` refuses its
+//! `period_ms` so).
 
 use std::path::{Path, PathBuf};
 
@@ -88,12 +92,13 @@ fn generate(board_file: &Path, map_file: &Path, given: &Given, out: &Path) -> Re
     let m = map::Map::load(map_file)?;
     write(&out.join("cdu_map.rs"), &m.table()?)?;
     write(&out.join("operators.rs"), &operators::table(given.keyring)?)?;
-    let (table, cfg) = figures::table(given.figures, out)?;
+    let (table, cfg, heartbeat) = figures::table(given.figures, out)?;
     let source = given.figures.map_or_else(
         || "of the reference hall".to_string(),
         |f| format!("in {}", f.display()),
     );
     m.check_figures(&cfg, &source)?;
+    figures::check_period(b.control_period_ms(), board_file, heartbeat, &source)?;
     write(&out.join("figures.rs"), &table)?;
     Ok(())
 }

@@ -193,6 +193,12 @@ impl Board {
         Ok(b)
     }
 
+    /// The control period, ms (`timer.control.period_ms`, checked by
+    /// [`Board::load`]).
+    pub fn control_period_ms(&self) -> u32 {
+        self.timer.control.period_ms.unwrap_or(0)
+    }
+
     fn check(&self) -> Result<(), String> {
         self.check_clock()?;
         let code = (self.memory.code.base, self.memory.code.size);

@@ -345,12 +345,13 @@ mod tests {
     /// After a start, a CDU that answers in 100 ms gets every write but
     /// its step has no time for the read-back, so none proves the safety
     /// settings held: the heartbeat waits for the bound
-    /// ([`crate::read_back::START_BOUND_MS`]), never going before it, and
+    /// ([`crate::read_back::START_BOUND_MS`], the CDU's heartbeat timeout
+    /// built in), never going before it, and
     /// goes at every step from it on, not withheld for good.
     #[test]
     fn after_a_start_a_cdu_answering_in_100_ms_gets_its_heartbeat_once_past_the_bound() {
         let mut held = SafetyHeld::default();
-        let bound_s = crate::read_back::START_BOUND_MS / 1000;
+        let bound_s = crate::read_back::START_BOUND_MS.div_ceil(1000);
         let beats: Vec<bool> = (0..bound_s + 3)
             .map(|s| {
                 held.tick(s * 1000);

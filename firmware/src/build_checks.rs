@@ -55,9 +55,10 @@ mod tests {
         cfg.layout.racks = 6;
         let good = encode(&cfg);
         std::fs::write(&file, good).unwrap();
-        let (table, built) = super::figures::table(Some(&file), &d).unwrap();
+        let (table, built, heartbeat) = super::figures::table(Some(&file), &d).unwrap();
         assert!(table.contains("include_bytes!"), "{table}");
         assert_eq!(built, cfg);
+        assert_eq!(heartbeat, None);
         // One byte flipped: its CRC no longer holds.
         let mut flipped = good;
         flipped[20] ^= 0x01;
@@ -137,5 +138,72 @@ mod tests {
         let m = super::map::Map::load(&file).unwrap();
         assert!(m.check_figures(&reference, "of the reference hall").is_ok());
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// The bound of the wait after a start, generated from the record: the
+    /// CDU's heartbeat timeout it carries, else 10 s (a version 1 record,
+    /// one that does not give it, or no record at all).
+    #[test]
+    fn the_wait_after_a_start_is_the_records_heartbeat_timeout_else_10_s() {
+        use cooling_core::config::figures::encode_with;
+        use std::num::NonZeroU32;
+        let d = folder("figures-heartbeat");
+        let file = d.join("hall.bin");
+        let cfg = CoreConfig::reference();
+        let bound = |t: &str| {
+            let b = t.lines().find(|l| l.contains("START_BOUND_MS: u64"));
+            b.map(str::to_string).unwrap_or_default()
+        };
+        for (ms, want, said) in [
+            (Some(30_000), 30_000, "30 s"),
+            (Some(12_500), 12_500, "12.5 s"),
+            (None, 10_000, "10 s"),
+        ] {
+            let ms = ms.and_then(NonZeroU32::new);
+            std::fs::write(&file, encode_with(&cfg, ms)).unwrap();
+            let (table, _, heartbeat) = super::figures::table(Some(&file), &d).unwrap();
+            assert_eq!(heartbeat, ms);
+            assert_eq!(
+                bound(&table),
+                format!("pub const START_BOUND_MS: u64 = {want};")
+            );
+            let timeout = ms.map_or("None".into(), |t| format!("Some({t})"));
+            let line = format!("pub const HEARTBEAT_TIMEOUT_MS: Option<u32> = {timeout};");
+            assert!(table.contains(&line), "{table}");
+            let line = format!("pub const START_BOUND_SAID: &str = \"{said}\";");
+            assert!(table.contains(&line), "{table}");
+        }
+        let (table, _, heartbeat) = super::figures::table(None, &d).unwrap();
+        assert_eq!(heartbeat, None);
+        assert_eq!(bound(&table), "pub const START_BOUND_MS: u64 = 10000;");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A control period above a third of the CDU's heartbeat timeout the
+    /// figures give stops the build, naming the board file, the period,
+    /// the timeout and the figures, as `run` refuses its `period_ms`; the
+    /// shipped board's 1 s period fits a 3 s timeout and up.
+    #[test]
+    fn a_control_period_above_a_third_of_the_cdus_heartbeat_timeout_stops_the_build() {
+        use super::figures::check_period;
+        use std::num::NonZeroU32;
+        let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let board = here.join("../boards/mcu/mps2-an386.toml");
+        let period = super::board::Board::load(&board)
+            .unwrap()
+            .control_period_ms();
+        assert_eq!(period, 1000);
+        let source = "in hall.bin";
+        assert!(check_period(period, &board, NonZeroU32::new(3000), source).is_ok());
+        assert!(
+            check_period(period, &board, None, source).is_ok(),
+            "not given"
+        );
+        let e = check_period(period, &board, NonZeroU32::new(2999), source).unwrap_err();
+        assert!(e.starts_with(&board.display().to_string()), "{e}");
+        assert!(e.contains("timer.control.period_ms = 1000"), "{e}");
+        assert!(e.contains("2999 ms (heartbeat_timeout_s"), "{e}");
+        assert!(e.contains("in the figures in hall.bin"), "{e}");
+        assert!(e.contains("at most 999 ms"), "{e}");
     }
 }
