@@ -25,7 +25,8 @@
 //! 3. [`Decider::plan`]: the ordered writes ([`writes`]), the valves
 //!    gated by the latch, the setpoint and speed held to the map.
 //! 4. [`Decider::written`]: what the CDU took; the next step's core hears
-//!    whether its writes went in.
+//!    whether its writes went in. The next heartbeat is the one past the
+//!    last that went out on the line: one withheld is not counted.
 //! 5. The leases due for the core's caps ([`leases::LeaseBook`]): the
 //!    shell signs and sends them, the twin's hosts hold them.
 //!
@@ -100,9 +101,12 @@ pub struct Decider {
     colder_at: [Option<u64>; MAX_HOSTS],
     limits: MapLimits,
     limiter: writes::Limiter,
-    /// The heartbeat's step count: wide enough never to wrap (a count of
-    /// u16 wrapping to 0 wrote the same value twice in a range of
-    /// 255 values, 65,535 = 255 × 257).
+    /// The count of the last heartbeat sent (0: none since the start); a
+    /// plan writes the one past it. It moves only when the heartbeat went
+    /// out ([`Outcome::heartbeat_sent`]): one withheld, counted, would
+    /// make the next equal the last sent in a register of two values.
+    /// Wide enough never to wrap (a count of u16 wrapping to 0 wrote the
+    /// same value twice in a range of 255 values, 65,535 = 255 × 257).
     heartbeat: u32,
     /// What of the last step's writes went in.
     taken: cooling_core::Taken,
@@ -455,19 +459,23 @@ impl Decider {
 
     /// Step 3 for what the commands ask (`c`).
     fn plan_asked(&mut self, c: &Asked, closed: Option<u16>) -> Plan {
-        self.heartbeat = self.heartbeat.wrapping_add(1);
+        let heartbeat = self.heartbeat.wrapping_add(1);
         let racks = cooling_core::safety::all_racks(self.core.config().layout.racks as usize);
         let open_now = self.valves_taken.or(closed.map(|c| !c & racks));
         let valves = self.keeper.valves(c.valves_open, open_now);
         self.valves_planned = valves;
         self.valves_asked = c.valves_open;
         self.limiter
-            .plan(c, valves, self.heartbeat, &self.limits, &mut self.events)
+            .plan(c, valves, heartbeat, &self.limits, &mut self.events)
     }
 
-    /// Step 4: what the CDU took of the plan.
+    /// Step 4: what the CDU took of the plan; the heartbeat, if it went
+    /// out, counted ([`Outcome::heartbeat_sent`]).
     pub fn written(&mut self, o: &Outcome) {
         self.taken = o.taken();
+        if o.heartbeat_sent {
+            self.heartbeat = self.heartbeat.wrapping_add(1);
+        }
         let valves_in = o
             .tried
             .iter()
@@ -594,6 +602,49 @@ mod tests {
             .collect();
         // The register's range takes it from there (0 to 254: 0, 1, 2).
         assert_eq!(beats, [Some(65_535.0), Some(65_536.0), Some(65_537.0)]);
+    }
+
+    /// A heartbeat register of two values (0 to 1, the map's range): the
+    /// value written is the count mod 2 (`Register::heartbeat`).
+    fn on_a_toggle(plan: &Plan) -> Option<f64> {
+        plan.value(Setting::Heartbeat).map(|count| count % 2.0)
+    }
+
+    #[test]
+    fn a_heartbeat_withheld_does_not_count_so_the_next_differs_from_the_last_sent() {
+        let lim = writes::tests::sim_cdu();
+        let fresh: Result<Option<LatchRecord>, &str> = Ok(None);
+        let mut d = Decider::new(CoreConfig::default(), lim, &fresh).unwrap();
+        let m = measured(0);
+        let (first, _) = step(&mut d, 0, Some(&m));
+        // The next step's valve write is refused: the heartbeat is not
+        // due, so it is not sent.
+        let inp = StepIn {
+            now_ms: 1000,
+            board: BoardRead::Absent,
+            ambient_c: Some(20.0),
+        };
+        let c = d.step(Some(&m), &inp);
+        let p = d.plan(&c, m.valves_closed);
+        let mut o = Outcome::default();
+        for w in &p.writes {
+            if o.due(w) {
+                let refused = w.setting == Setting::Valves;
+                o.record(w.setting, if refused { Err("exception 4") } else { Ok(()) });
+            }
+        }
+        assert!(!o.tried.iter().any(|(s, _)| *s == Setting::Heartbeat));
+        d.written(&o);
+        let (third, _) = step(&mut d, 2, Some(&m));
+        assert!(on_a_toggle(&first).is_some());
+        assert_ne!(
+            on_a_toggle(&third),
+            on_a_toggle(&first),
+            "the CDU would read the same heartbeat for three periods"
+        );
+        // One sent, answered or not, counts: the next differs from it.
+        let (fourth, _) = step(&mut d, 3, Some(&m));
+        assert_ne!(on_a_toggle(&fourth), on_a_toggle(&third));
     }
 
     /// The valve-position faults among a step's events.

@@ -13,6 +13,9 @@
 //! - *safety writes*: the valves, the pumps to run and the lead pump.
 //! - *map limits*: the ranges the register map gives the writable
 //!   settings ([`MapLimits`]).
+//! - *heartbeat count*: the number of heartbeats sent since the start;
+//!   a step plans the one past the last sent ([`Outcome::heartbeat_sent`]),
+//!   the shell writes it within the register's range.
 //! - *unsure*: a write gone in on its echo alone that is not known taken
 //!   (the CDU did not take the setting's last write, and no read-back has
 //!   read it held since): taken setting by setting, but not every write
@@ -229,6 +232,13 @@ pub struct Outcome {
     /// it runs on its own control ([`cooling_core::Taken::heartbeat_held`];
     /// set on the step that found it, so the mode's change names it).
     pub heartbeat_held: bool,
+    /// The heartbeat's write went out on the line this step, whatever the
+    /// answer (taken, refused, or none: one unanswered may have been
+    /// taken). Only then is the next heartbeat one past it: one withheld
+    /// or not tried leaves the count where it was, so the next value
+    /// still differs from the last one sent (a register of two values
+    /// would otherwise read the same heartbeat again after one withheld).
+    pub heartbeat_sent: bool,
 }
 
 /// A write that failed, and why.
@@ -307,6 +317,7 @@ impl Outcome {
 
     /// An outcome in which every write of `plan` went in (`ok`) or none
     /// did: a CDU that takes a step's writes together, as the twin's.
+    /// Every write was tried: the heartbeat, if planned, was sent.
     pub fn whole(plan: &Plan, ok: bool) -> Self {
         let answer = if ok { Ok(()) } else { Err(words(&"not taken")) };
         Self {
@@ -315,6 +326,7 @@ impl Outcome {
                 .collect(),
             unsure: Vec::new(),
             heartbeat_held: false,
+            heartbeat_sent: plan.value(Setting::Heartbeat).is_some(),
         }
     }
 }

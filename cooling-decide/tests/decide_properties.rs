@@ -19,7 +19,7 @@
 //! 2. no valve is planned open on a step whose latch write failed, and
 //!    closing always proceeds;
 //! 3. the writes are in safety order, and the heartbeat goes out exactly
-//!    when every safety write that was due went in;
+//!    when every safety write that was due went in, one past the last sent;
 //! 4. every value lies in the map's range, a value asked outside it is
 //!    written at the bound, and `SettingLimited` says so once when it
 //!    begins and once when it ends;
@@ -395,8 +395,8 @@ struct Model {
     last_leaks: Option<LeakInputs>,
     /// The process's clock, ms.
     now_ms: u64,
-    /// The heartbeat last planned by this process.
-    heartbeat: Option<f64>,
+    /// The heartbeat last sent by this process (0: none).
+    heartbeat: f64,
 }
 
 impl Model {
@@ -413,7 +413,7 @@ impl Model {
             valves_taken: false,
             last_leaks: None,
             now_ms: 0,
-            heartbeat: None,
+            heartbeat: 0.0,
         }
     }
 }
@@ -697,29 +697,20 @@ fn check_limits(
 fn write(p: &Plan, h: &mut Hall, m: &mut Model, w: &World) -> Result<Outcome, TestCaseError> {
     let mut o = Outcome::default();
     let mut safety_in = true;
-    if let Some(beat) = p.value(Setting::Heartbeat) {
-        prop_assert_ne!(m.heartbeat, Some(beat), "the heartbeat did not change");
-        m.heartbeat = Some(beat);
-    }
+    let beat = p.value(Setting::Heartbeat).unwrap_or(m.heartbeat + 1.0);
+    prop_assert_eq!(beat, m.heartbeat + 1.0, "not one past the last sent");
     for wr in &p.writes {
         if !o.due(wr) {
             prop_assert_eq!(wr.setting, Setting::Heartbeat);
-            prop_assert!(
-                !safety_in,
-                "the heartbeat held back after the safety writes went in"
-            );
+            prop_assert!(!safety_in, "the heartbeat held back, safety writes in");
             continue;
         }
         if wr.setting == Setting::Heartbeat {
-            prop_assert!(
-                safety_in,
-                "the heartbeat written after a safety write failed"
-            );
+            prop_assert!(safety_in, "heartbeat after a safety write failed");
+            (o.heartbeat_sent, m.heartbeat) = (true, wr.value);
         }
-        let i = Setting::ORDER
-            .iter()
-            .position(|s| *s == wr.setting)
-            .unwrap();
+        let i = Setting::ORDER.iter().position(|s| *s == wr.setting);
+        let i = i.unwrap();
         let refused = w.refused[i].filter(|_| w.cdu_answers);
         let silent = (!w.cdu_answers).then_some(Refusal::Timeout);
         match refused.or(silent) {

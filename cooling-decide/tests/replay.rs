@@ -73,14 +73,16 @@ impl Cdu {
     }
 
     /// Writes `plan` as the shell does: in order, the heartbeat only when
-    /// the safety writes went in; the setpoint refused in 90..95, the
-    /// valves unanswered at 40 (after the early write) and 110.
+    /// the safety writes went in (then said sent); the setpoint refused
+    /// in 90..95, the valves unanswered at 40 (after the early write) and
+    /// 110.
     fn write(&mut self, plan: &cooling_decide::Plan, s: u64) -> Outcome {
         let mut o = Outcome::default();
         for w in &plan.writes {
             if !o.due(w) {
                 continue;
             }
+            o.heartbeat_sent |= w.setting == Setting::Heartbeat;
             let refused = match w.setting {
                 Setting::Setpoint if (90..95).contains(&s) => {
                     Some("exception 3 (illegal data value)")

@@ -6,8 +6,9 @@
 //! heartbeat only when [`Outcome::due`] says so (every safety write that
 //! was due went in, and no safety setting is read back not held:
 //! [`crate::read_back`]), its counter cycled through the register's range
-//! ([`Register::heartbeat`], as Linux writes it); a write that fails never holds back the next, and
-//! one the step has no time left for is not sent. What became of each
+//! ([`Register::heartbeat`], as Linux writes it; the count moves only
+//! with a heartbeat that went out); a write that fails never holds back
+//! the next, and one the step has no time left for is not sent. What became of each
 //! goes back to the decision path as an [`Outcome`].
 //!
 //! Glossary:
@@ -71,6 +72,8 @@ impl<E: fmt::Display> fmt::Display for WriteFailure<E> {
 /// Writes `plan` through `port`, in order, each write on its own; the
 /// heartbeat withheld after a safety write that failed, and while
 /// `unheld` (a safety setting read back not held, none read held since).
+/// The outcome says whether the heartbeat went out on the line
+/// ([`Outcome::heartbeat_sent`]): the decision path counts only those.
 pub fn execute<P: SettingPort>(port: &mut P, plan: &Plan, unheld: bool) -> Outcome {
     let mut outcome = Outcome::default();
     for w in &plan.writes {
@@ -81,6 +84,9 @@ pub fn execute<P: SettingPort>(port: &mut P, plan: &Plan, unheld: bool) -> Outco
         } else {
             write_one(port, w.setting, w.value)
         };
+        // On the line, whatever its answer: the next heartbeat is one past it.
+        let on_line = matches!(r, Ok(()) | Err(WriteFailure::Port(_)));
+        outcome.heartbeat_sent |= w.setting == Setting::Heartbeat && on_line;
         outcome.record(w.setting, r);
     }
     outcome
@@ -209,6 +215,26 @@ mod tests {
             names,
             ["valves_open", "lead_pump", "pump_speed", "supply_setpoint"]
         );
+    }
+
+    /// The decision path counts the heartbeat only when it went out on
+    /// the line, answered or not (`Outcome::heartbeat_sent`): a register
+    /// of two values would otherwise get the last one sent again.
+    #[test]
+    fn the_outcome_says_the_heartbeat_went_out_only_when_it_was_sent() {
+        let sent = |refuse: &'static [&'static str], budget: usize, unheld: bool| {
+            let mut cdu = Script {
+                refuse,
+                budget,
+                written: Vec::new(),
+            };
+            execute(&mut cdu, &plan(), unheld).heartbeat_sent
+        };
+        assert!(sent(&[], 10, false), "taken");
+        assert!(sent(&["heartbeat"], 10, false), "sent, refused");
+        assert!(!sent(&["valves_open"], 10, false), "valves failed");
+        assert!(!sent(&[], 10, true), "withheld: a setting not held");
+        assert!(!sent(&[], 3, false), "no time left for it");
     }
 
     #[test]

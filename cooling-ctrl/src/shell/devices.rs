@@ -246,7 +246,9 @@ impl<P: CduPort> Devices<P> {
     /// so held back too until a step's read-back proves the safety
     /// settings held or the bound has passed since the start, `now_ms`
     /// being the step's time ([`Devices::start`]; the valves and pumps
-    /// are written at the first step as ever). A setting whose
+    /// are written at the first step as ever). The outcome says whether
+    /// the heartbeat went out ([`Outcome::heartbeat_sent`]): one withheld
+    /// or not tried is not counted. A setting whose
     /// last write did not go in stays not taken over a step whose
     /// read-back of it fails ([`Devices::not_taken`]). The first failure
     /// is counted, and logged whole once per change of its text.
@@ -276,6 +278,8 @@ impl<P: CduPort> Devices<P> {
             if !outcome.due(w) {
                 continue;
             }
+            // Sent, whatever its answer: the next heartbeat is one past it.
+            outcome.heartbeat_sent |= w.setting == Setting::Heartbeat && held.is_none();
             let r = self.write_one(w, &mut held).await;
             if let Err(e) = &r {
                 first.get_or_insert_with(|| format!("{}: {e}", w.setting.register()));
@@ -728,6 +732,8 @@ mod start;
 
 #[cfg(test)]
 mod after_a_start;
+#[cfg(test)]
+mod beat_count;
 #[cfg(test)]
 mod fallback;
 #[cfg(test)]
