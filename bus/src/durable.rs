@@ -56,7 +56,7 @@ pub trait DurableOutbox: Send {
 impl<S> DurableOutbox for Outbox<S>
 where
     S: embedded_storage_async::nor_flash::MultiwriteNorFlash + Send,
-    S::Error: std::fmt::Display,
+    S::Error: std::fmt::Display + Send,
 {
     fn store(
         &mut self,

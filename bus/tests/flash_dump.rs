@@ -108,3 +108,40 @@ fn with_json_a_sent_lease_is_one_object_with_its_host_and_frame() {
         assert!(r["frame"]["body"]["caps"].is_array(), "{v}");
     }
 }
+
+/// An event log that does not read (its sectors zeroed) is said, and the
+/// outbox and the config store are still read and printed; the command
+/// then fails, naming the store that did not read.
+#[test]
+fn an_unreadable_event_log_is_said_and_the_other_stores_still_read() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = flash_file(dir.path());
+    let log = loopwarden_boards::FlashBoard::host_file().layout().log;
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let zeros = vec![0u8; (log.end - log.start) as usize];
+    file.write_all_at(&zeros, log.start.into()).unwrap();
+    drop(file);
+    let out = Command::new(env!("CARGO_BIN_EXE_lwbus"))
+        .arg("flash")
+        .arg(&path)
+        .output()
+        .expect("lwbus runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(
+        lines[0].starts_with("event log unreadable: flash store corrupted"),
+        "{stdout}"
+    );
+    assert!(
+        lines[1].starts_with("outbox: 0 frames not yet acknowledged"),
+        "{stdout}"
+    );
+    assert!(
+        lines[2].starts_with("frame sequence numbers reserved up to"),
+        "{stdout}"
+    );
+    assert!(!out.status.success(), "{stdout}");
+    assert!(stderr.contains("the event log did not read"), "{stderr}");
+}

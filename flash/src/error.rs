@@ -19,6 +19,14 @@ pub enum StoreError<E> {
     Full,
     /// A value read back is not what was written (config: wrong length).
     BadValue,
+    /// Erasing a damaged sector, so that the rest of its store opens,
+    /// failed.
+    Erase {
+        /// The sector's address.
+        at: u32,
+        /// The flash's error.
+        error: E,
+    },
 }
 
 impl<E> From<sequential_storage::Error<E>> for StoreError<E> {
@@ -46,6 +54,10 @@ impl<E: fmt::Display> fmt::Display for StoreError<E> {
             }
             StoreError::Full => write!(f, "store full of entries that must not be dropped"),
             StoreError::BadValue => write!(f, "stored value has an unexpected size"),
+            StoreError::Erase { at, error } => write!(
+                f,
+                "flash store corrupted; erasing its damaged sector at {at:#x} failed: {error}"
+            ),
         }
     }
 }

@@ -24,6 +24,9 @@
 //! - *sector*: the erase unit; *word*: the write unit.
 //! - *power cut*: an operation stopped part-way; the store repairs itself on
 //!   the next operation and loses at most the item being written.
+//! - *damaged sector*: one whose bytes are not what was written (zeroed,
+//!   garbage); where it keeps a queue from opening, it alone is erased,
+//!   said, and the rest opens (`salvage`).
 
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs)]
@@ -39,6 +42,7 @@ pub mod log;
 #[cfg(feature = "std")]
 pub mod nor;
 pub mod outbox;
+mod salvage;
 #[cfg(feature = "std")]
 pub mod shared;
 #[cfg(feature = "std")]

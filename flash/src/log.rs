@@ -11,6 +11,10 @@
 //! sequence numbers they had. The one window where a loss goes unmarked: a
 //! power cut after the erase and before the marker is written.
 //!
+//! A sector damaged whole that kept the log from opening is erased at
+//! opening and said ([`EventLog::salvaged`]); its records are lost, and
+//! where they were the newest, their numbers are given again.
+//!
 //! Glossary:
 //! - *record*: one entry of the log.
 //! - *wrap*: the log reusing the space of its oldest records.
@@ -23,6 +27,7 @@ use sequential_storage::cache::{Cache, Uncached};
 use sequential_storage::queue::QueueStorage;
 
 use crate::error::{queue_range, StoreError};
+use crate::salvage::{corrupted, salvage};
 
 /// Bytes of a record's fixed header: seq (4), time (8), kind (1).
 pub const RECORD_HEADER: usize = 13;
@@ -126,6 +131,8 @@ pub struct EventLog<S: MultiwriteNorFlash> {
     queue: QueueStorage<S, NoCache>,
     next_seq: u32,
     skipped: u32,
+    /// The address of the sector erased at opening (damaged), if any.
+    salvaged: Option<u32>,
     /// Times a sector was erased for room since the log was opened.
     wraps: u32,
     buf: [u8; RECORD_HEADER + MAX_BODY],
@@ -134,25 +141,47 @@ pub struct EventLog<S: MultiwriteNorFlash> {
 impl<S: MultiwriteNorFlash> EventLog<S> {
     /// Opens the log in `range` of `flash` (whole sectors; two or more, so
     /// that a wrap keeps records),
-    /// finding where its sequence numbers left off.
+    /// finding where its sequence numbers left off. Where the store finds
+    /// it corrupted after its own repair (a sector damaged whole), the
+    /// damaged sector is erased and the rest opens ([`Self::salvaged`]
+    /// says where); where nothing would read, the log is left as it is
+    /// and the error returned.
     pub async fn open(flash: S, range: Range<u32>) -> Result<Self, StoreError<S::Error>> {
-        let queue = QueueStorage::new(flash, queue_range(range)?, Cache::new_uncached());
+        let config = queue_range(range.clone())?;
+        let queue = QueueStorage::new(flash, config, Cache::new_uncached());
         let mut log = Self {
             queue,
             next_seq: 0,
             skipped: 0,
+            salvaged: None,
             wraps: 0,
             buf: [0; RECORD_HEADER + MAX_BODY],
         };
+        match log.read_through().await {
+            Err(e) if corrupted(&e) => {
+                let seq = |b: &[u8]| Record::decode(b).map(|r| r.seq);
+                log.salvaged = salvage(log.queue.flash(), range, &mut log.buf, seq).await?;
+                if log.salvaged.is_none() {
+                    return Err(e);
+                }
+                log.read_through().await?;
+            }
+            other => other?,
+        }
+        Ok(log)
+    }
+
+    /// Reads the log through: where its numbers left off, the items that
+    /// are not records.
+    async fn read_through(&mut self) -> Result<(), StoreError<S::Error>> {
         let mut max: Option<u32> = None;
-        let skipped = log
+        self.skipped = self
             .for_each(|r| {
                 max = Some(max.map_or(r.seq, |m| m.max(r.seq)));
             })
             .await?;
-        log.skipped = skipped;
-        log.next_seq = max.map_or(0, |m| m.wrapping_add(1));
-        Ok(log)
+        self.next_seq = max.map_or(0, |m| m.wrapping_add(1));
+        Ok(())
     }
 
     /// The sequence number the next record gets.
@@ -165,6 +194,13 @@ impl<S: MultiwriteNorFlash> EventLog<S> {
     /// reach this layer: `sequential-storage` drops them.
     pub fn skipped(&self) -> u32 {
         self.skipped
+    }
+
+    /// The address of the sector erased when the log was opened: damaged
+    /// whole (zeroed, garbage), it kept the log from opening; what it
+    /// held is lost. `None` when none was.
+    pub fn salvaged(&self) -> Option<u32> {
+        self.salvaged
     }
 
     /// Times the log erased its oldest sector for room since it was opened:

@@ -19,9 +19,17 @@
 //! the oldest sector held a single critical entry. Separate parts make the
 //! priority hold.)
 //!
+//! The parts open one by one: a part damaged whole is opened without its
+//! damaged sector (erased, said: [`Outbox::salvaged`]); one that does not
+//! read even so is said ([`Outbox::unreadable`]) and passed over, and the
+//! other parts keep working. A damaged telemetry part never takes the
+//! critical entries down with it.
+//!
 //! Glossary:
 //! - *class*: how much losing an entry would cost ([`Class`]).
 //! - *ack*: the broker's PUBACK for the frame's publish.
+//! - *part*: the flash of one class.
+//! - *unreadable part*: one that did not open; left as it is.
 
 use core::ops::Range;
 
@@ -32,6 +40,7 @@ use sequential_storage::queue::QueueStorage;
 
 use crate::error::{queue_range, StoreError};
 use crate::log::NoCache;
+use crate::salvage::{corrupted, salvage};
 
 /// Bytes of an entry's fixed header: seq (4), class (1), topic length (1).
 const ENTRY_HEADER: usize = 6;
@@ -200,10 +209,16 @@ pub struct Outbox<S: MultiwriteNorFlash> {
     buf: [u8; BUF],
     best: [u8; BUF],
     skipped: u32,
+    /// By class: why the part did not open (`None`: it did).
+    unreadable: [Option<StoreError<S::Error>>; 3],
+    /// By class: the address of the damaged sector erased to open it.
+    salvaged: [Option<u32>; 3],
 }
 
 impl<S: MultiwriteNorFlash> Outbox<S> {
-    /// Opens the outbox over `layout` of `flash`.
+    /// Opens the outbox over `layout` of `flash`, each part on its own: a
+    /// part that does not read is said ([`Self::unreadable`]) and passed
+    /// over while the others work; an error only when none reads.
     pub async fn open(flash: S, layout: OutboxLayout) -> Result<Self, StoreError<S::Error>> {
         for class in CLASSES {
             queue_range::<S, S::Error>(layout.range(class))?;
@@ -214,17 +229,71 @@ impl<S: MultiwriteNorFlash> Outbox<S> {
             buf: [0; BUF],
             best: [0; BUF],
             skipped: 0,
+            unreadable: [None, None, None],
+            salvaged: [None; 3],
         };
+        for class in CLASSES {
+            match outbox.open_part(class).await {
+                Ok(skipped) => outbox.skipped += skipped,
+                Err(e) => outbox.unreadable[class as usize] = Some(e),
+            }
+        }
+        if outbox.unreadable.iter().all(Option::is_some) {
+            // Nothing reads: the critical part's error.
+            if let [_, _, Some(e)] = outbox.unreadable {
+                return Err(e);
+            }
+        }
+        Ok(outbox)
+    }
+
+    /// Reads the part of `class` through: the items that are not entries.
+    /// Where the store finds it corrupted after its own repair, the
+    /// damaged sector is erased (said: [`Self::salvaged`]) and the rest
+    /// read; where nothing would read, the part is left as it is.
+    async fn open_part(&mut self, class: Class) -> Result<u32, StoreError<S::Error>> {
         let Self {
             flash, layout, buf, ..
-        } = &mut outbox;
-        outbox.skipped = pass(flash, layout, buf, |_, _| {}).await?;
-        Ok(outbox)
+        } = self;
+        match read_part(flash, layout, class, buf, &mut |_, _| {}).await {
+            Err(e) if corrupted(&e) => {
+                let seq = |b: &[u8]| Entry::decode(b).map(|e| e.seq);
+                let Some(at) = salvage(flash, layout.range(class), buf, seq).await? else {
+                    return Err(e);
+                };
+                self.salvaged[class as usize] = Some(at);
+                read_part(flash, layout, class, buf, &mut |_, _| {}).await
+            }
+            other => other,
+        }
     }
 
     /// Stored items that were not entries, skipped when the outbox opened.
     pub fn skipped(&self) -> u32 {
         self.skipped
+    }
+
+    /// The parts that did not open, and why (the store finds them
+    /// corrupted and erasing one sector would read nothing, or the flash
+    /// failed): passed over by [`Self::for_each`] and [`Self::ack`], left
+    /// as they are; a push to one fails.
+    pub fn unreadable(&self) -> impl Iterator<Item = (Class, &StoreError<S::Error>)> {
+        CLASSES
+            .into_iter()
+            .filter_map(|c| self.unreadable[c as usize].as_ref().map(|e| (c, e)))
+    }
+
+    /// The parts opened without a damaged sector, erased (what it held is
+    /// lost), and its address.
+    pub fn salvaged(&self) -> impl Iterator<Item = (Class, u32)> + '_ {
+        CLASSES
+            .into_iter()
+            .filter_map(|c| self.salvaged[c as usize].map(|at| (c, at)))
+    }
+
+    /// Whether the part of `class` opened.
+    fn readable(&self) -> [bool; 3] {
+        self.unreadable.each_ref().map(Option::is_none)
     }
 
     /// Stores an entry before it is sent. When its class's part is full,
@@ -267,7 +336,8 @@ impl<S: MultiwriteNorFlash> Outbox<S> {
     /// The broker acknowledged the frame `seq`: the entry leaves. False if
     /// no entry has that number (already acknowledged, or dropped).
     pub async fn ack(&mut self, seq: u32) -> Result<bool, StoreError<S::Error>> {
-        for class in CLASSES {
+        let readable = self.readable();
+        for class in CLASSES.into_iter().filter(|c| readable[*c as usize]) {
             let mut queue = part(&mut self.flash, &self.layout, class)?;
             let mut iter = queue.iter().await?;
             while let Some(item) = iter.next(&mut self.buf).await? {
@@ -292,13 +362,14 @@ impl<S: MultiwriteNorFlash> Outbox<S> {
         &mut self,
         mut f: impl FnMut(Entry<'_>),
     ) -> Result<u32, StoreError<S::Error>> {
+        let readable = self.readable();
         #[cfg(feature = "std")]
         let mut chosen = Everything::default();
         #[cfg(not(feature = "std"))]
         let mut chosen = Lowest::new(&mut self.best);
         merged(
             &mut self.flash,
-            &self.layout,
+            (&self.layout, readable),
             &mut self.buf,
             &mut chosen,
             &mut f,
@@ -312,24 +383,40 @@ impl<S: MultiwriteNorFlash> Outbox<S> {
     }
 }
 
-/// One pass over every stored item of the three parts, telemetry first,
-/// each part in the order stored: calls `f` with each entry's number and
-/// stored bytes; returns how many items were not entries.
+/// The parts of a layout that are read: those marked readable.
+type Parts<'l> = (&'l OutboxLayout, [bool; 3]);
+
+/// One pass over every stored item of the readable parts, telemetry
+/// first, each part in the order stored: calls `f` with each entry's
+/// number and stored bytes; returns how many items were not entries.
 async fn pass<S: MultiwriteNorFlash>(
     flash: &mut S,
-    layout: &OutboxLayout,
+    (layout, readable): Parts<'_>,
     buf: &mut [u8; BUF],
     mut f: impl FnMut(u32, &[u8]),
 ) -> Result<u32, StoreError<S::Error>> {
     let mut skipped = 0;
-    for class in CLASSES {
-        let mut queue = part(flash, layout, class)?;
-        let mut iter = queue.iter().await?;
-        while let Some(item) = iter.next(buf).await? {
-            match Entry::decode(&item) {
-                Some(e) => f(e.seq, &item),
-                None => skipped += 1,
-            }
+    for class in CLASSES.into_iter().filter(|c| readable[*c as usize]) {
+        skipped += read_part(flash, layout, class, buf, &mut f).await?;
+    }
+    Ok(skipped)
+}
+
+/// [`pass`] over the part of `class`.
+async fn read_part<S: MultiwriteNorFlash>(
+    flash: &mut S,
+    layout: &OutboxLayout,
+    class: Class,
+    buf: &mut [u8; BUF],
+    f: &mut impl FnMut(u32, &[u8]),
+) -> Result<u32, StoreError<S::Error>> {
+    let mut skipped = 0;
+    let mut queue = part(flash, layout, class)?;
+    let mut iter = queue.iter().await?;
+    while let Some(item) = iter.next(buf).await? {
+        match Entry::decode(&item) {
+            Some(e) => f(e.seq, &item),
+            None => skipped += 1,
         }
     }
     Ok(skipped)
@@ -339,14 +426,14 @@ async fn pass<S: MultiwriteNorFlash>(
 /// giving `chosen` the entries numbered above those already passed on.
 async fn merged<S: MultiwriteNorFlash, C: Chosen>(
     flash: &mut S,
-    layout: &OutboxLayout,
+    parts: Parts<'_>,
     buf: &mut [u8; BUF],
     chosen: &mut C,
     f: &mut impl FnMut(Entry<'_>),
 ) -> Result<u32, StoreError<S::Error>> {
     let mut last: Option<u32> = None;
     loop {
-        let skipped = pass(flash, layout, buf, |seq, bytes| {
+        let skipped = pass(flash, parts, buf, |seq, bytes| {
             if last.is_none_or(|l| seq > l) {
                 chosen.offer(seq, bytes);
             }
@@ -512,7 +599,8 @@ mod tests {
                 flash, layout, buf, ..
             } = &mut o;
             let mut f = |e: Entry<'_>| seen.push((e.seq, e.class, e.payload[0]));
-            let skipped = merged(flash, layout, buf, chosen, &mut f).await.unwrap();
+            let parts = (&*layout, [true; 3]);
+            let skipped = merged(flash, parts, buf, chosen, &mut f).await.unwrap();
             (seen, skipped)
         })
     }

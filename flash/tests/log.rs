@@ -131,3 +131,53 @@ fn a_damaged_record_is_skipped_never_returned_and_the_log_stays_writable() {
         );
     });
 }
+
+/// After the log wrapped, every sector is closed but the one being
+/// written; damage to that one (zeroed, or garbage) made all of them read
+/// closed and the store refused the whole log. The damaged sector alone
+/// is erased, said, and the other sectors' records read.
+#[test]
+fn a_damaged_sector_loses_only_its_own_records() {
+    for damage in [0x00u8, 0x5A] {
+        block_on(async {
+            // Three sectors of 1 KiB: 15 records of 53 bytes fill one.
+            let mut log = EventLog::open(Flash::new(3), 0..3072).await.unwrap();
+            for i in 0..70u32 {
+                log.append(TimestampMs(u64::from(i)), 3, &i.to_le_bytes().repeat(10))
+                    .await
+                    .unwrap();
+            }
+            assert!(log.wraps() > 0, "the log wrapped");
+            let before = records(&mut log).await;
+            let mut flash = log.into_flash();
+            let bytes = flash.bytes_mut();
+            let newest = 69u32.to_le_bytes().repeat(10);
+            let at = bytes.windows(40).position(|w| w == newest).unwrap();
+            let sector = at / 1024 * 1024;
+            let lost: Vec<u32> = before
+                .iter()
+                .filter(|r| {
+                    let body = r.2.as_slice();
+                    let hit = bytes.windows(body.len()).position(|w| w == body);
+                    hit.is_some_and(|p| p / 1024 * 1024 == sector)
+                })
+                .map(|r| r.0)
+                .collect();
+            assert!(!lost.is_empty() && lost.len() < before.len());
+            bytes[sector..sector + 1024].fill(damage);
+            let mut log = EventLog::open(flash, 0..3072)
+                .await
+                .expect("the log opens without its damaged sector");
+            assert_eq!(log.salvaged(), Some(sector as u32), "damage {damage:#x}");
+            let got = records(&mut log).await;
+            let kept: Vec<_> = before.iter().filter(|r| !lost.contains(&r.0)).collect();
+            assert_eq!(got.iter().collect::<Vec<_>>(), kept, "damage {damage:#x}");
+            // Writable again, and what it writes reads after a restart.
+            let seq = log.append(TimestampMs(99), 3, b"after").await.unwrap();
+            let mut log = EventLog::open(log.into_flash(), 0..3072).await.unwrap();
+            assert_eq!(log.salvaged(), None, "nothing left to erase");
+            let got = records(&mut log).await;
+            assert_eq!(got.last().unwrap(), &(seq, 3, b"after".to_vec()));
+        });
+    }
+}

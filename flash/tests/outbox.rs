@@ -212,3 +212,84 @@ fn config_keeps_values_and_sequence_reservations_only_rise() {
         assert_eq!(c.reserve_seq(1000).await.unwrap(), 3000);
     });
 }
+
+/// Fills the telemetry part until it recycled; returns the outbox and the
+/// number of the newest telemetry entry.
+async fn telemetry_recycled() -> (Outbox<Flash>, u32) {
+    let mut o = Outbox::open(Flash::new(6), layout()).await.unwrap();
+    o.push(&entry(0, Class::Critical, &[0xC0; 60]))
+        .await
+        .unwrap();
+    o.push(&entry(1, Class::Normal, &[0xB0; 60])).await.unwrap();
+    let mut seq = 2u32;
+    let mut dropped = 0;
+    while dropped == 0 || seq < 60 {
+        let body = seq.to_le_bytes().repeat(15);
+        dropped += o
+            .push(&entry(seq, Class::Telemetry, &body))
+            .await
+            .unwrap()
+            .count;
+        seq += 1;
+    }
+    (o, seq - 1)
+}
+
+/// The telemetry part's sector being written damaged (zeroed) after the
+/// part recycled: both of its sectors read closed and the store refuses
+/// the part. That sector alone is erased, said, and the critical and
+/// normal entries, and the telemetry part's other sector, still read.
+#[test]
+fn a_damaged_telemetry_sector_loses_no_critical_entry() {
+    block_on(async {
+        let (o, newest) = telemetry_recycled().await;
+        let mut flash = o.into_flash();
+        let bytes = flash.bytes_mut();
+        let body = newest.to_le_bytes().repeat(15);
+        let at = bytes.windows(60).position(|w| w == body).unwrap();
+        let sector = at / 1024 * 1024;
+        assert!(sector < 2048, "in the telemetry part");
+        bytes[sector..sector + 1024].fill(0);
+        let mut o = Outbox::open(flash, layout())
+            .await
+            .expect("the outbox opens without the damaged sector");
+        assert_eq!(
+            o.salvaged().collect::<Vec<_>>(),
+            [(Class::Telemetry, sector as u32)]
+        );
+        assert_eq!(o.unreadable().count(), 0);
+        let left = seqs(&mut o).await;
+        assert_eq!(left[..2], [(0, Class::Critical), (1, Class::Normal)]);
+        assert!(left.len() > 2, "the other telemetry sector reads: {left:?}");
+        assert!(o.push(&entry(500, Class::Telemetry, b"t")).await.is_ok());
+    });
+}
+
+/// A part in which nothing reads (both telemetry sectors zeroed): it is
+/// said unreadable and left as it is, and the other parts keep working.
+#[test]
+fn an_unreadable_part_leaves_the_others_working() {
+    block_on(async {
+        let (o, _) = telemetry_recycled().await;
+        let mut flash = o.into_flash();
+        flash.bytes_mut()[..2048].fill(0);
+        let mut o = Outbox::open(flash, layout())
+            .await
+            .expect("the outbox opens without its telemetry part");
+        let bad: Vec<Class> = o.unreadable().map(|(class, _)| class).collect();
+        assert_eq!(bad, [Class::Telemetry]);
+        assert_eq!(o.salvaged().count(), 0, "nothing erased");
+        assert_eq!(
+            seqs(&mut o).await,
+            [(0, Class::Critical), (1, Class::Normal)]
+        );
+        assert!(o.ack(1).await.unwrap(), "acknowledged past the bad part");
+        o.push(&entry(600, Class::Critical, b"c")).await.unwrap();
+        assert!(o.push(&entry(601, Class::Telemetry, b"t")).await.is_err());
+        let mut flash = o.into_flash();
+        assert!(
+            flash.bytes_mut()[..2048].iter().all(|b| *b == 0),
+            "left as it was"
+        );
+    });
+}

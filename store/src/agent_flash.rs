@@ -32,7 +32,10 @@
 //! does not read at all (the storage finds it corrupted: a file of zeros
 //! made by `fallocate`, blocks zeroed by damage) runs in memory, said as
 //! an error naming the file and the remedy, the file left as it was: the
-//! config store is then lost, the event log or the outbox empty.
+//! config store is then lost, the event log or the outbox empty. An event
+//! log or an outbox part kept from opening by one sector damaged whole
+//! opens without it (erased in the file), and an outbox part that does
+//! not read is passed over while the others work: each said as an error.
 //! A file the disk refuses to write at start (the floor's write fails:
 //! EIO, ENOSPC, EDQUOT) is run from a copy in memory, as one on a
 //! read-only file system is, said as an error.
@@ -560,7 +563,41 @@ async fn log_and_outbox(
             outbox.skipped()
         );
     }
+    for said in damage_said(name, &log, &outbox) {
+        tracing::error!("{said}");
+    }
     Ok((log, outbox))
+}
+
+/// What the event log and the outbox of the flash `name` lost to damage
+/// in flash when they opened, one error each: a damaged sector erased so
+/// that the rest opens, an outbox part that does not read (passed over,
+/// the others working).
+fn damage_said<F: MultiwriteNorFlash>(
+    name: &str,
+    log: &EventLog<F>,
+    outbox: &Outbox<F>,
+) -> Vec<String>
+where
+    F::Error: std::fmt::Display,
+{
+    let mut said = Vec::new();
+    if let Some(at) = log.salvaged() {
+        said.push(format!(
+            "{name}: event log: the sector at {at:#x} is damaged (zeroed or garbage) and kept the log from opening: it was erased, and the records it held (the newest before this start) are lost, their numbers given again; the rest of the log is read; a lease or a quarantine logged in it is not taken back"
+        ));
+    }
+    for (class, at) in outbox.salvaged() {
+        said.push(format!(
+            "{name}: outbox, {class:?} part: the sector at {at:#x} is damaged (zeroed or garbage) and kept the part from opening: it was erased, and the frames it held are not resent; the rest is"
+        ));
+    }
+    for (class, e) in outbox.unreadable() {
+        said.push(format!(
+            "{name}: outbox, {class:?} part unreadable ({e}): frames that waited in it are not resent, and it keeps none from now on (sent unkept while connected); the other parts work; the file is left as it was"
+        ));
+    }
+    said
 }
 
 /// The sequence floor as the recorder thread keeps it (it owns the config
@@ -935,6 +972,40 @@ mod tests {
         let kind = loopwarden_protocol::MessageKind::Event as u8;
         let time = loopwarden_protocol::TimestampMs(1_800_000_000_000);
         futures::executor::block_on(s.log.append(time, kind, &[1, 2])).unwrap();
+    }
+
+    /// The outbox's telemetry part zeroed: it is said unreadable and left
+    /// as it is, and the critical part's frame still waits in the file.
+    #[test]
+    fn a_damaged_outbox_part_leaves_the_critical_frames_kept() {
+        use loopwarden_flash::{Class, Entry};
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let mut first = open(Some(&path)).unwrap();
+        let entry = Entry {
+            seq: 7,
+            class: Class::Critical,
+            topic: "dc/v2/s/host/h1/event",
+            payload: &[1, 2, 3],
+        };
+        futures::executor::block_on(first.outbox.push(&entry)).unwrap();
+        drop(first);
+        let part = FlashBoard::host_file().layout().outbox.telemetry;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let zeros = vec![0u8; (part.end - part.start) as usize];
+        file.write_all_at(&zeros, part.start.into()).unwrap();
+        drop(file);
+        let mut s = open(Some(&path)).unwrap();
+        let said = damage_said("host.flash", &s.log, &s.outbox);
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].starts_with("host.flash: outbox, Telemetry part unreadable"),
+            "{said:?}"
+        );
+        let mut waiting = Vec::new();
+        futures::executor::block_on(s.outbox.for_each(|e| waiting.push(e.seq))).unwrap();
+        assert_eq!(waiting, [7], "the critical frame is kept");
     }
 
     /// A disk that refuses writes at start (EIO, ENOSPC on a

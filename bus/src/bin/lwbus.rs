@@ -409,24 +409,30 @@ fn write_new(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     f.sync_data()
 }
 
-/// Prints what an agent's flash holds, oldest first.
-async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
-    use loopwarden_flash::{ConfigStore, EventLog, FileFlash, Outbox, SharedFlash};
+/// The flash `lwbus flash` reads: a private copy of the file.
+type DumpFlash = loopwarden_flash::SharedFlash<loopwarden_flash::FileFlash<4, 4096>>;
+/// Why a store of it did not read.
+type DumpError = loopwarden_flash::StoreError<loopwarden_flash::FlashError>;
 
-    let mut text = String::new();
-    macro_rules! out {
-        ($($arg:tt)*) => {{
-            use std::fmt::Write as _;
-            let _ = writeln!(text, $($arg)*);
-        }};
-    }
+/// Adds a line to `text`.
+fn say(text: &mut String, line: impl std::fmt::Display) {
+    use std::fmt::Write as _;
+    let _ = writeln!(text, "{line}");
+}
+
+/// Prints what an agent's flash holds, oldest first: each store on its
+/// own, so one that does not read is said and the others still read; the
+/// command then fails, naming those that did not.
+async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
+    use loopwarden_flash::{FileFlash, SharedFlash};
+
     let board = loopwarden_boards::FlashBoard::host_file();
     let bytes = std::fs::read(path).with_context(|| format!("{}", path.display()))?;
     if bytes.is_empty() {
         bail!("{}: empty file, nothing was ever written", path.display());
     }
-    // Read a copy: opening a store may repair a half-written item, and the
-    // original is evidence.
+    // Read a copy: opening a store may repair a half-written item, or
+    // erase a damaged sector, and the original is evidence.
     let copy = PrivateCopy::new(&std::env::temp_dir(), &bytes)?;
     let opened = FileFlash::<4, 4096>::open(&copy.file, &board.geometry());
     drop(copy);
@@ -434,27 +440,86 @@ async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
         opened.map_err(|e| anyhow::anyhow!("{e}").context(format!("{}", path.display())))?;
     let flash = SharedFlash::new(flash);
     let layout = board.layout();
-    let mut log = EventLog::open(flash.clone(), layout.log)
-        .await
-        .map_err(|e| anyhow::anyhow!("event log: {e}"))?;
-    out!("event log: next record {}", log.next_seq());
+    let mut text = String::new();
+    let mut failed = Vec::new();
+    if let Err(e) = dump_log(flash.clone(), layout.log, json, &mut text).await {
+        say(&mut text, format_args!("event log unreadable: {e}"));
+        failed.push("the event log".to_string());
+    }
+    if let Err(e) = dump_outbox(flash.clone(), layout.outbox, &mut text, &mut failed).await {
+        say(&mut text, format_args!("outbox unreadable: {e}"));
+        failed.push("the outbox".to_string());
+    }
+    if let Err(e) = dump_floor(flash, layout.config, &mut text).await {
+        say(&mut text, format_args!("config store unreadable: {e}"));
+        failed.push("the config store".to_string());
+    }
+    // A reader that stops early (`| head`) is not an error.
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        other => other.context("writing to standard output")?,
+    }
+    if !failed.is_empty() {
+        bail!(
+            "{}: {} did not read (said above; what else reads was printed)",
+            path.display(),
+            failed.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The event log's records, oldest first.
+async fn dump_log(
+    flash: DumpFlash,
+    range: std::ops::Range<u32>,
+    json: bool,
+    text: &mut String,
+) -> Result<(), DumpError> {
+    let mut log = loopwarden_flash::EventLog::open(flash, range).await?;
+    say(
+        text,
+        format_args!("event log: next record {}", log.next_seq()),
+    );
+    if let Some(at) = log.salvaged() {
+        say(text, format_args!("event log: the sector at {at:#x} is damaged (zeroed or garbage) and kept the log from opening: read without it (its records, the newest, are not shown; the file is left as it was)"));
+    }
     let mut lines = Vec::new();
     let skipped = log
         .for_each(|r| {
             let what = describe_record(r.kind, r.body, json);
             lines.push(format!("{:>8} {} {what}", r.seq, utc(r.time.0)));
         })
-        .await
-        .map_err(|e| anyhow::anyhow!("event log: {e}"))?;
+        .await?;
     for l in lines {
-        out!("{l}");
+        say(text, l);
     }
     if skipped > 0 {
-        out!("({skipped} stored items were not log records and were skipped)");
+        say(
+            text,
+            format_args!("({skipped} stored items were not log records and were skipped)"),
+        );
     }
-    let mut outbox = Outbox::open(flash.clone(), layout.outbox)
-        .await
-        .map_err(|e| anyhow::anyhow!("outbox: {e}"))?;
+    Ok(())
+}
+
+/// The frames the outbox holds, in order; a part that does not read is
+/// said (and added to `failed`), the others read.
+async fn dump_outbox(
+    flash: DumpFlash,
+    layout: loopwarden_flash::outbox::OutboxLayout,
+    text: &mut String,
+    failed: &mut Vec<String>,
+) -> Result<(), DumpError> {
+    let mut outbox = loopwarden_flash::Outbox::open(flash, layout).await?;
+    for (class, at) in outbox.salvaged() {
+        say(text, format_args!("outbox: {class:?} part: the sector at {at:#x} is damaged (zeroed or garbage) and kept the part from opening: read without it (the file is left as it was)"));
+    }
+    for (class, e) in outbox.unreadable() {
+        say(text, format_args!("outbox: {class:?} part unreadable: {e}"));
+        failed.push(format!("the outbox's {class:?} part"));
+    }
     let mut waiting = Vec::new();
     outbox
         .for_each(|e| {
@@ -468,35 +533,42 @@ async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
                 e.topic
             ));
         })
-        .await
-        .map_err(|e| anyhow::anyhow!("outbox: {e}"))?;
-    out!(
-        "outbox: {} frames not yet acknowledged by the broker",
-        waiting.len()
+        .await?;
+    say(
+        text,
+        format_args!(
+            "outbox: {} frames not yet acknowledged by the broker",
+            waiting.len()
+        ),
     );
     for w in waiting {
-        out!("{w}");
+        say(text, w);
     }
-    let mut config =
-        ConfigStore::open(flash, layout.config).map_err(|e| anyhow::anyhow!("config: {e}"))?;
+    Ok(())
+}
+
+/// The sequence floor the config store keeps.
+async fn dump_floor(
+    flash: DumpFlash,
+    range: std::ops::Range<u32>,
+    text: &mut String,
+) -> Result<(), DumpError> {
+    let mut config = loopwarden_flash::ConfigStore::open(flash, range)?;
     let mut b = [0u8; 4];
     match config
         .get(loopwarden_flash::config::SEQ_FLOOR_KEY, &mut b)
-        .await
-        .map_err(|e| anyhow::anyhow!("config: {e}"))?
+        .await?
     {
-        Some(4) => out!(
-            "frame sequence numbers reserved up to {}",
-            u32::from_le_bytes(b)
+        Some(4) => say(
+            text,
+            format_args!(
+                "frame sequence numbers reserved up to {}",
+                u32::from_le_bytes(b)
+            ),
         ),
-        _ => out!("no frame sequence reservation yet"),
+        _ => say(text, "no frame sequence reservation yet"),
     }
-    // A reader that stops early (`| head`) is not an error.
-    use std::io::Write as _;
-    match std::io::stdout().lock().write_all(text.as_bytes()) {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => other.context("writing to standard output"),
-    }
+    Ok(())
 }
 
 /// `--listen` of `lwbus broker`: an address and port on loopback.
