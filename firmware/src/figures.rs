@@ -7,7 +7,10 @@
 //!
 //! Glossary:
 //! - *figures record*: the core's configuration as bytes
-//!   (`cooling_core::config::figures`: tag, version, figures, CRC-32).
+//!   (`cooling_core::config::figures`: tag, version, figures, from version
+//!   2 the CDU's heartbeat timeout, CRC-32). The timeout is not decoded
+//!   here: the build reads it into the wait after a start
+//!   (`read_back::START_BOUND_MS`).
 
 use cooling_core::config::figures::{decode_into, FiguresError};
 use cooling_core::CoreConfig;
