@@ -52,7 +52,7 @@ pub use config::ConfigStore;
 pub use error::StoreError;
 #[cfg(feature = "std")]
 pub use file::{FileFlash, FileFlashError, FlashGeometry};
-pub use log::{EventLog, Record, Wrapped};
+pub use log::{Damaged, EventLog, Record, Wrapped};
 #[cfg(feature = "std")]
 pub use nor::{FlashError, FlashStats, IoOp};
 pub use outbox::{Class, Dropped, Entry, Outbox};

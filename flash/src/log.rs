@@ -11,13 +11,18 @@
 //! sequence numbers they had. The one window where a loss goes unmarked: a
 //! power cut after the erase and before the marker is written.
 //!
-//! A sector damaged whole that kept the log from opening is erased at
-//! opening and said ([`EventLog::salvaged`]); its records are lost, and
-//! where they were the newest, their numbers are given again.
+//! Sequence numbers have no gaps: a record a power cut left unfinished
+//! gives its number to the next, and a wrap removes only the oldest. A
+//! record missing between two that read was damaged in flash (its
+//! checksum fails, so the store does not return it): [`EventLog::damaged`]
+//! says which. A sector damaged whole that kept the log from opening is
+//! erased at opening and said ([`EventLog::salvaged`]); its records are
+//! lost, and where they were the newest, their numbers are given again.
 //!
 //! Glossary:
 //! - *record*: one entry of the log.
 //! - *wrap*: the log reusing the space of its oldest records.
+//! - *damaged*: records missing between two that read.
 
 use core::ops::Range;
 
@@ -82,6 +87,53 @@ impl core::fmt::Display for Wrapped {
     }
 }
 
+/// Records missing between records read: damaged in flash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Damaged {
+    /// Records missing.
+    pub records: u32,
+    /// The number of the first one missing.
+    pub first_seq: u32,
+    /// The number of the last one missing (those between the first and
+    /// the last that read are not counted).
+    pub last_seq: u32,
+}
+
+impl Damaged {
+    /// Counts the records missing between `last` (the number read before,
+    /// if any) and `seq`, read now.
+    fn count(this: &mut Option<Self>, last: Option<u32>, seq: u32) {
+        let Some(last) = last else { return };
+        let step = seq.wrapping_sub(last);
+        // Numbers that wrap past u32::MAX still rise; one not above the
+        // one before is no gap.
+        if step <= 1 || step as i32 <= 0 {
+            return;
+        }
+        let d = this.get_or_insert(Self {
+            records: 0,
+            first_seq: last.wrapping_add(1),
+            last_seq: 0,
+        });
+        d.records = d.records.saturating_add(step - 1);
+        d.last_seq = seq.wrapping_sub(1);
+    }
+}
+
+impl core::fmt::Display for Damaged {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        if self.records == 1 {
+            write!(f, "record #{} is damaged and unreadable", self.first_seq)
+        } else {
+            write!(
+                f,
+                "{} records between #{} and #{} are damaged and unreadable",
+                self.records, self.first_seq, self.last_seq
+            )
+        }
+    }
+}
+
 /// One record as read back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Record<'a> {
@@ -131,6 +183,8 @@ pub struct EventLog<S: MultiwriteNorFlash> {
     queue: QueueStorage<S, NoCache>,
     next_seq: u32,
     skipped: u32,
+    /// Records missing between records read, at the last reading through.
+    damaged: Option<Damaged>,
     /// The address of the sector erased at opening (damaged), if any.
     salvaged: Option<u32>,
     /// Times a sector was erased for room since the log was opened.
@@ -153,6 +207,7 @@ impl<S: MultiwriteNorFlash> EventLog<S> {
             queue,
             next_seq: 0,
             skipped: 0,
+            damaged: None,
             salvaged: None,
             wraps: 0,
             buf: [0; RECORD_HEADER + MAX_BODY],
@@ -172,7 +227,7 @@ impl<S: MultiwriteNorFlash> EventLog<S> {
     }
 
     /// Reads the log through: where its numbers left off, the items that
-    /// are not records.
+    /// are not records, the records damaged.
     async fn read_through(&mut self) -> Result<(), StoreError<S::Error>> {
         let mut max: Option<u32> = None;
         self.skipped = self
@@ -191,9 +246,18 @@ impl<S: MultiwriteNorFlash> EventLog<S> {
 
     /// Stored items that were not records (too short), skipped when the
     /// log was opened. Items the store itself found damaged (CRC) never
-    /// reach this layer: `sequential-storage` drops them.
+    /// reach this layer (`sequential-storage` drops them): see
+    /// [`Self::damaged`].
     pub fn skipped(&self) -> u32 {
         self.skipped
+    }
+
+    /// Records missing between records read (damaged in flash: the store
+    /// drops an item whose checksum fails), found when the log was opened
+    /// or last read through ([`Self::for_each`]). Records missing after
+    /// the newest that reads cannot be told from records never written.
+    pub fn damaged(&self) -> Option<Damaged> {
+        self.damaged
     }
 
     /// The address of the sector erased when the log was opened: damaged
@@ -358,19 +422,27 @@ impl<S: MultiwriteNorFlash> EventLog<S> {
     }
 
     /// Calls `f` with every record, oldest first; returns how many stored
-    /// items were skipped as not being records.
+    /// items were skipped as not being records. Records missing between
+    /// those read are counted for [`Self::damaged`].
     pub async fn for_each(
         &mut self,
         mut f: impl FnMut(Record<'_>),
     ) -> Result<u32, StoreError<S::Error>> {
         let mut skipped = 0;
+        let mut damaged = None;
+        let mut last = None;
         let mut iter = self.queue.iter().await?;
         while let Some(entry) = iter.next(&mut self.buf).await? {
             match Record::decode(&entry) {
-                Some(r) => f(r),
+                Some(r) => {
+                    Damaged::count(&mut damaged, last, r.seq);
+                    last = Some(r.seq);
+                    f(r)
+                }
                 None => skipped += 1,
             }
         }
+        self.damaged = damaged;
         Ok(skipped)
     }
 

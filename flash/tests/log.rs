@@ -39,6 +39,7 @@ fn appends_in_order_and_numbers_survive_a_restart() {
             [0, 1, 2, 3, 4, 5]
         );
         assert_eq!(got[5].2, b"after");
+        assert_eq!(log.damaged(), None, "no record missing");
     });
 }
 
@@ -64,6 +65,8 @@ fn a_full_log_recycles_its_oldest_records_and_says_how_many() {
         // Every sequence number is either still there or accounted for by a
         // marker still in the log or lost with one (only the newest markers
         // survive, so check what they say is consistent).
+        // Only the oldest go: no gap in the numbers.
+        assert_eq!(log.damaged(), None);
         let seqs: Vec<u32> = got.iter().map(|r| r.0).collect();
         assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
         for m in &markers {
@@ -123,6 +126,13 @@ fn a_damaged_record_is_skipped_never_returned_and_the_log_stays_writable() {
             "damaged bytes returned"
         );
         assert_eq!(bodies, [0xA0, 0xA1, 0xA3, 0xA4, 0xA5]);
+        // Not silently: the gap in the numbers says which record went.
+        let damaged = log.damaged().expect("the damaged record is said");
+        assert_eq!(
+            (damaged.records, damaged.first_seq, damaged.last_seq),
+            (1, 2, 2)
+        );
+        assert_eq!(damaged.to_string(), "record #2 is damaged and unreadable");
         assert_eq!(
             log.append(TimestampMs(9), 3, b"still writable")
                 .await

@@ -571,8 +571,8 @@ async fn log_and_outbox(
 
 /// What the event log and the outbox of the flash `name` lost to damage
 /// in flash when they opened, one error each: a damaged sector erased so
-/// that the rest opens, an outbox part that does not read (passed over,
-/// the others working).
+/// that the rest opens, records missing between records read, an outbox
+/// part that does not read (passed over, the others working).
 fn damage_said<F: MultiwriteNorFlash>(
     name: &str,
     log: &EventLog<F>,
@@ -585,6 +585,11 @@ where
     if let Some(at) = log.salvaged() {
         said.push(format!(
             "{name}: event log: the sector at {at:#x} is damaged (zeroed or garbage) and kept the log from opening: it was erased, and the records it held (the newest before this start) are lost, their numbers given again; the rest of the log is read; a lease or a quarantine logged in it is not taken back"
+        ));
+    }
+    if let Some(d) = log.damaged() {
+        said.push(format!(
+            "{name}: event log: {d} (damaged in flash): a lease or a quarantine among them is not taken back; `lwbus flash {name}` shows the records around them"
         ));
     }
     for (class, at) in outbox.salvaged() {
@@ -972,6 +977,37 @@ mod tests {
         let kind = loopwarden_protocol::MessageKind::Event as u8;
         let time = loopwarden_protocol::TimestampMs(1_800_000_000_000);
         futures::executor::block_on(s.log.append(time, kind, &[1, 2])).unwrap();
+    }
+
+    /// A record damaged in the file (bits cleared in its body): the
+    /// store drops it, and the start says which record went and what
+    /// that costs, not silently.
+    #[test]
+    fn a_damaged_record_is_said_by_its_number() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.flash");
+        let mut first = open(Some(&path)).unwrap();
+        let time = loopwarden_protocol::TimestampMs(1_800_000_000_000);
+        for fill in [0xA0u8, 0xA1, 0xA2, 0xA3] {
+            futures::executor::block_on(first.log.append(time, 3, &[fill; 32])).unwrap();
+        }
+        drop(first);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let at = bytes.windows(32).position(|w| w == [0xA2; 32]).unwrap();
+        bytes[at + 5] = 0;
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.write_all_at(&bytes[at + 5..at + 6], at as u64 + 5)
+            .unwrap();
+        drop(file);
+        let s = open(Some(&path)).unwrap();
+        let said = damage_said("host.flash", &s.log, &s.outbox);
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].starts_with("host.flash: event log: record #2 is damaged")
+                && said[0].contains("not taken back"),
+            "{said:?}"
+        );
     }
 
     /// The outbox's telemetry part zeroed: it is said unreadable and left

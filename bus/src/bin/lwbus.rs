@@ -470,7 +470,7 @@ async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// The event log's records, oldest first.
+/// The event log's records, oldest first, and what it lost to damage.
 async fn dump_log(
     flash: DumpFlash,
     range: std::ops::Range<u32>,
@@ -500,6 +500,9 @@ async fn dump_log(
             text,
             format_args!("({skipped} stored items were not log records and were skipped)"),
         );
+    }
+    if let Some(d) = log.damaged() {
+        say(text, format_args!("event log: {d}"));
     }
     Ok(())
 }
