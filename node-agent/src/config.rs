@@ -398,15 +398,16 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         "host",
         local_host_name(),
     )?;
+    common::check_tls_identity(&src, &common, "host", &host)?;
     let gpus = gpu_source(&src, &file, flags)?;
     let board = board(&src, &file, flags)?;
     let timings = timings(&src, &file, flags)?;
     let guard = guard(&src, &file, flags, &board)?;
     let (cdu, rack) = cooling_context(&src, &file, flags)?;
     let quiet_period = quiet_period(&src, &file, flags)?;
-    let quarantine = quarantine(&src, &file, flags)?;
-    let cooling_loss =
-        cooling_loss::cooling_loss(&src, &file, flags, cdu.is_some() && rack.is_some())?;
+    let quarantine = quarantine(&src, &file, flags, &gpus)?;
+    let has_rack = cdu.is_some() && rack.is_some();
+    let cooling_loss = cooling_loss::cooling_loss(&src, &file, flags, has_rack, &gpus)?;
     let keyring = pick!(flags.keyring, file.keyring, "keyring");
     let production = match (&gpus, &keyring.0) {
         (GpuSourceKind::Nvml, _) => Some("real GPUs"),
@@ -631,6 +632,7 @@ fn quarantine(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,
+    gpus: &GpuSourceKind,
 ) -> Result<Quarantine, ConfigError> {
     let none = QuarantineFile::default();
     let q = file.quarantine.as_ref().unwrap_or(&none);
@@ -638,6 +640,7 @@ fn quarantine(
         section: "quarantine",
         key: "actions",
         flag: "quarantine-action",
+        real: *gpus == GpuSourceKind::Nvml,
     };
     let actions = actions(
         src,
@@ -697,10 +700,13 @@ struct ActionsAt {
     section: &'static str,
     key: &'static str,
     flag: &'static str,
+    /// Real GPUs: a program not found is refused, not only said.
+    real: bool,
 }
 
 /// A list of actions: the flag's (each string split on white space)
-/// replaces the file's; each checked by [`check_action`] against `known`.
+/// replaces the file's; each checked by [`check_action`] against `known`,
+/// and its program looked for (`protection::program_found`).
 fn actions(
     src: &Sources,
     at: ActionsAt,
@@ -718,7 +724,12 @@ fn actions(
         (split, Some(at.flag))
     };
     for a in &actions {
-        check_action(a, known).map_err(|m| src.section(at.section).error(from_flag, at.key, m))?;
+        check_action(a, known)
+            .and_then(|()| {
+                let here = format!("[{}] {}", at.section, at.key);
+                protection::program_found(&here, &a[0], at.real)
+            })
+            .map_err(|m| src.section(at.section).error(from_flag, at.key, m))?;
     }
     Ok(actions)
 }

@@ -25,9 +25,34 @@ fn site_files() -> tempfile::TempDir {
     etc
 }
 
+/// The programs the example's actions name, first on this test's PATH
+/// (on real GPUs the loader refuses an action whose program it cannot
+/// find there): the package's loopwarden-slurm (`deploy/slurm`,
+/// `/usr/bin` on a host) and, for a build machine without systemd, a
+/// `systemctl` that fails if run.
+fn with_the_examples_programs_on_path() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let bin = Path::new(env!("CARGO_TARGET_TMPDIR")).join("example-config-bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let systemctl = bin.join("systemctl");
+        std::fs::write(&systemctl, "#!/bin/sh\nexit 1\n").unwrap();
+        let executable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+        std::fs::set_permissions(&systemctl, executable).unwrap();
+        let slurm = loopwarden_system_tests::repo_root().join("deploy/slurm");
+        let path = std::env::var("PATH").unwrap_or_default();
+        std::env::set_var(
+            "PATH",
+            format!("{}:{}:{path}", slurm.display(), bin.display()),
+        );
+    });
+}
+
 /// Loads `text`, with the site's files in `etc`, through the agent's
-/// loader (from a file, as `node-agent run --config` does).
+/// loader (from a file, as `node-agent run --config` does), with the
+/// programs its actions name on PATH.
 fn load(text: &str, etc: &Path) -> Result<config::Config, config::ConfigError> {
+    with_the_examples_programs_on_path();
     let file = example_config::write_at(etc, NAME, text);
     config::load(Some(&file), &Overrides::default())
 }

@@ -20,7 +20,7 @@ use loopwarden_field::config::{range, ConfigError, Sources};
 use loopwarden_field::pick;
 use serde::Deserialize;
 
-use super::{actions, ActionsAt, FileConfig, Overrides};
+use super::{actions, ActionsAt, FileConfig, GpuSourceKind, Overrides};
 
 /// Placeholders a cooling-loss command may use.
 pub const COOLING_PLACEHOLDERS: [&str; 5] = ["{host}", "{site}", "{cdu}", "{rack}", "{reason}"];
@@ -73,18 +73,21 @@ impl CoolingLossActions {
     }
 }
 
-/// One step's commands (`key`, replaced by flag `--FLAG`).
+/// One step's commands (`key`, replaced by flag `--FLAG`); `real`: on
+/// real GPUs.
 fn step(
     src: &Sources,
     flag: &[String],
     flag_name: &'static str,
     file: &Option<Vec<Vec<String>>>,
     key: &'static str,
+    real: bool,
 ) -> Result<Vec<Vec<String>>, ConfigError> {
     let at = ActionsAt {
         section: "cooling_loss",
         key,
         flag: flag_name,
+        real,
     };
     actions(src, at, flag, file, &COOLING_PLACEHOLDERS)
 }
@@ -96,7 +99,9 @@ pub(super) fn cooling_loss(
     file: &FileConfig,
     flags: &Overrides,
     has_rack: bool,
+    gpus: &GpuSourceKind,
 ) -> Result<CoolingLossActions, ConfigError> {
+    let real = *gpus == GpuSourceKind::Nvml;
     let none = CoolingLossFile::default();
     let f = file.cooling_loss.as_ref().unwrap_or(&none);
     let actions = CoolingLossActions {
@@ -106,6 +111,7 @@ pub(super) fn cooling_loss(
             "cooling-drain",
             &f.drain,
             "drain",
+            real,
         )?,
         power_down: step(
             src,
@@ -113,6 +119,7 @@ pub(super) fn cooling_loss(
             "cooling-power-down",
             &f.power_down,
             "power_down",
+            real,
         )?,
         power_up: step(
             src,
@@ -120,6 +127,7 @@ pub(super) fn cooling_loss(
             "cooling-power-up",
             &f.power_up,
             "power_up",
+            real,
         )?,
         resume: step(
             src,
@@ -127,6 +135,7 @@ pub(super) fn cooling_loss(
             "cooling-resume",
             &f.resume,
             "resume",
+            real,
         )?,
         grace: Duration::from_secs(range(
             &src.section("cooling_loss"),

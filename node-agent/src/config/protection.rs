@@ -30,6 +30,11 @@
 //! ([`SAFETY_GRACE_S`]) before a power-down is taken, and said as an
 //! opt-out of its own (`cooling_loss.grace_s`).
 //!
+//! Each action's program is looked for at start as the action will run
+//! it ([`program_found`]): on real GPUs one that would not start (not
+//! found on the agent's `PATH`, not an executable file) is refused, since
+//! it would fail only when needed; on simulated GPUs it is said.
+//!
 //! Simulated GPUs (a demonstration, a test) take the same keys but are
 //! not held to them.
 //!
@@ -479,6 +484,68 @@ fn required(
     Ok(())
 }
 
+/// The directories a program named without a `/` is looked for in: the
+/// agent's own `PATH`, which its actions inherit (`actions::run` sets no
+/// environment), or the C library's default without one.
+pub(super) fn search_path() -> String {
+    std::env::var("PATH").unwrap_or_else(|_| "/bin:/usr/bin".into())
+}
+
+/// Whether `program` would start: a path (with a `/`) names the file
+/// itself, a bare name the first file of that name in a directory of
+/// `path` (`:`-separated, as the kernel's exec is given it); either must
+/// be a regular file with an execute bit. The error says what was looked
+/// for and where.
+pub(super) fn find_program(program: &str, path: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let runs = |file: &std::path::Path| match std::fs::metadata(file) {
+        Err(e) => Err(format!("cannot be read: {e}")),
+        Ok(m) if !m.is_file() => Err("is not a regular file".to_string()),
+        Ok(m) if m.permissions().mode() & 0o111 == 0 => Err(format!(
+            "is not executable (mode {:o})",
+            m.permissions().mode() & 0o7777
+        )),
+        Ok(_) => Ok(()),
+    };
+    if program.contains('/') {
+        return runs(program.as_ref()).map_err(|why| format!("program {program:?} {why}"));
+    }
+    let mut seen = Vec::new();
+    for dir in path.split(':') {
+        let file = std::path::Path::new(if dir.is_empty() { "." } else { dir }).join(program);
+        match runs(&file) {
+            Ok(()) => return Ok(()),
+            Err(why) if file.exists() => seen.push(format!("{} {why}", file.display())),
+            Err(_) => {}
+        }
+    }
+    let also = if seen.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", seen.join(", "))
+    };
+    Err(format!(
+        "program {program:?} not found on PATH ({path}){also}"
+    ))
+}
+
+/// On real GPUs an action whose program would not start is refused (it
+/// would fail only when needed: a power-down at a cooling loss is not
+/// tried again); on simulated GPUs, whose actions are often stand-ins,
+/// it is said and taken. `at` is `[section] key`.
+pub(super) fn program_found(at: &str, program: &str, real: bool) -> Result<(), String> {
+    let Err(why) = find_program(program, &search_path()) else {
+        return Ok(());
+    };
+    if real {
+        return Err(format!("{at}: {why}: the action would fail only when it is needed. Install the program or give its full path"));
+    }
+    tracing::warn!(
+        "config: {at}: {why}: the action will fail when it runs (simulated GPUs: taken)"
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use crate::config::{resolve, Config, Overrides};
@@ -540,10 +607,12 @@ mod tests {
     const KEYRING_OFF: &str = "commands = \"none\"\n";
     const UNMANAGED: &str = "commands = \"none\"\ncooling = \"not_managed\"\n";
     const RACK: &str = "cdu = \"cdu1\"\nrack = 2\n";
-    const DRAIN: &str = "[cooling_loss]\ndrain = [[\"drain\", \"{host}\"]]\n";
-    const BOTH: &str = "[cooling_loss]\ndrain = [[\"drain\", \"{host}\"]]\npower_down = [[\"systemctl\", \"poweroff\"]]\n";
+    // Programs found on any PATH: on real GPUs each action's program
+    // must be there at start.
+    const DRAIN: &str = "[cooling_loss]\ndrain = [[\"true\", \"{host}\"]]\n";
+    const BOTH: &str = "[cooling_loss]\ndrain = [[\"true\", \"{host}\"]]\npower_down = [[\"true\", \"poweroff\"]]\n";
     const FLASH: &str = "flash = \"/var/lib/loopwarden/node-agent.flash\"\n";
-    const QUARANTINE: &str = "[quarantine]\nactions = [[\"drain\", \"{host}\", \"{gpu}\"]]\n";
+    const QUARANTINE: &str = "[quarantine]\nactions = [[\"true\", \"{host}\", \"{gpu}\"]]\n";
     const REPORTED_ONLY: &str = "[quarantine]\nreported_only = true\n";
 
     #[test]
@@ -816,6 +885,65 @@ mod tests {
         assert!(
             e.contains("actions = \"none\" and cooling-loss commands"),
             "{e}"
+        );
+    }
+
+    /// A misspelt or missing action program would fail only when the
+    /// action is needed (a power-down at a cooling loss is not tried
+    /// again): on real GPUs the start is refused naming the section, the
+    /// key, the line, the program and the PATH searched; on simulated
+    /// GPUs it is said and taken.
+    #[test]
+    fn an_action_program_not_found_at_start_is_refused_on_real_gpus() {
+        let dir = tempfile::tempdir().unwrap();
+        let ring = keyring(dir.path(), Role::Cdu, "cdu1");
+        let host = format!(
+            "site = \"a\"\nhost = \"h\"\nbroker = \"10.0.0.5\"\n{ring}{FLASH}{RACK}{QUARANTINE}"
+        );
+        let file = std::path::Path::new("/etc/loopwarden/node-agent.toml");
+        let with_power_down = |program: &str| {
+            let text = format!("{host}[cooling_loss]\ndrain = [[\"true\"]]\npower_down = [[{program:?}, \"chassis\"]]\n");
+            resolve(Some(file), &text, &Overrides::default()).map_err(|e| e.to_string())
+        };
+        let e = with_power_down("no-such-prog-xyz").unwrap_err();
+        let line = host.lines().count() + 3;
+        assert!(
+            e.starts_with(&format!("/etc/loopwarden/node-agent.toml line {line}: [cooling_loss] power_down: program \"no-such-prog-xyz\" not found on PATH ("))
+                && e.contains(&std::env::var("PATH").unwrap()),
+            "{e}"
+        );
+        with_power_down("true").expect("found on PATH");
+        let not_executable = dir.path().join("power-off");
+        std::fs::write(&not_executable, "#!/bin/sh\n").unwrap();
+        let program = not_executable.to_str().unwrap();
+        let e = with_power_down(program).unwrap_err();
+        assert!(
+            e.contains(&format!(
+                "[cooling_loss] power_down: program \"{program}\" is not executable"
+            )),
+            "{e}"
+        );
+        let e = with_power_down(dir.path().to_str().unwrap()).unwrap_err();
+        assert!(e.contains("is not a regular file"), "{e}");
+        let e = nvml(&format!(
+            "{ring}{FLASH}{RACK}{BOTH}[quarantine]\nactions = [[\"scontrl\", \"{{host}}\"]]\n"
+        ))
+        .unwrap_err();
+        assert!(
+            e.contains("[quarantine] actions: program \"scontrl\" not found on PATH"),
+            "{e}"
+        );
+        // Simulated GPUs run stand-ins: said, and taken.
+        let (c, log) = logged(|| {
+            twin(&format!(
+                "{RACK}[cooling_loss]\npower_down = [[\"no-such-prog-xyz\"]]\n"
+            ))
+        });
+        c.expect("simulated GPUs");
+        assert!(
+            log.contains("WARN")
+                && log.contains("power_down: program \"no-such-prog-xyz\" not found"),
+            "{log}"
         );
     }
 
