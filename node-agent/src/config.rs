@@ -365,6 +365,15 @@ impl Config {
             .any(|o| o.key == protection::PERSISTENCE)
     }
 
+    /// Whether `volatile_state = true` is written: no flash file on
+    /// purpose, so the leases die with the agent and a stop puts the
+    /// ceilings back even under one (`node_core::node::Setup`).
+    pub fn volatile_state(&self) -> bool {
+        self.opt_outs
+            .iter()
+            .any(|o| o.key == protection::VOLATILE_STATE)
+    }
+
     /// Samples from one read of the slow counters to the next (at least
     /// 1): `slow_counters` rounded up to whole periods.
     pub fn slow_every(&self) -> u32 {

@@ -32,7 +32,10 @@
 //!   cap goes down), a raise waits for a good read;
 //! - at a stop with no lease in force every GPU is given back its
 //!   ceiling; at one with a lease, the limits stay as they are, for the
-//!   next start to apply or lift as the kept leases say.
+//!   next start to apply or lift as the kept leases say, unless the state
+//!   is volatile ([`Setup::volatile_state`]: the leases are not kept, and
+//!   a cap left on would be the next start's ceiling): then the ceilings
+//!   are put back all the same, said.
 //! - a cooling-loss step kept pending over a restart runs again once at
 //!   the start; a power-down only once the CDU's first state taken after
 //!   it leaves the rack powered down, or at the first round at or after
@@ -160,6 +163,9 @@ pub struct Setup {
     /// start, where steady time is anchored): also the replay floor of a
     /// signer with none kept ([`CommandCore::set_started`]).
     pub started: TimestampMs,
+    /// The state is volatile (no flash file): the leases are gone at a
+    /// stop, so a stop puts the ceilings back even with leases in force.
+    pub volatile_state: bool,
 }
 
 /// One GPU's answer in a round.
@@ -228,8 +234,8 @@ pub enum Input<'a> {
     /// Answers [`Effect::Acknowledge`]: the pending command's ack is due.
     Acknowledge,
     /// The agent stops: every GPU's limit is read; then with no lease in
-    /// force every GPU's ceiling is put back; with one, the limits stay
-    /// for the next start.
+    /// force, or with volatile state, every GPU's ceiling is put back;
+    /// with one (and a flash), the limits stay for the next start.
     Stop,
 }
 
@@ -421,6 +427,8 @@ pub struct Node {
     reconciling: Option<limits::Reconciling>,
     /// What waits for the read of the limits asked before a set.
     after_read: Option<limits::AfterRead>,
+    /// Nothing kept survives a stop ([`Setup::volatile_state`]).
+    volatile_state: bool,
 }
 
 impl Node {
@@ -481,6 +489,7 @@ impl Node {
             ack_limit: Default::default(),
             reconciling: None,
             after_read: None,
+            volatile_state: setup.volatile_state,
         }
     }
 

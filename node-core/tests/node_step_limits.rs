@@ -133,6 +133,46 @@ fn a_site_limit_is_a_ceiling_above_everything_found() {
     assert_eq!(h.limits, [Watts(600); GPUS]);
 }
 
+/// With volatile state (no flash file) the leases are gone at a stop: a
+/// cap left on would be found by the next start as the GPUs' uncapped
+/// limit, and nothing would ever lift it. The stop puts the ceilings back
+/// even with a lease in force, and says so; with a flash the cap stays,
+/// for the next start to keep or lift as the kept leases say.
+#[test]
+fn a_volatile_node_stopping_with_a_lease_puts_the_ceilings_back() {
+    for volatile in [true, false] {
+        let mut h = match volatile {
+            true => Host::boot_volatile(Boot::default()),
+            false => Host::new(),
+        };
+        let t = T0.0 + 1_000;
+        h.step(t, Input::Frame(&cmd_topic(), &lease(1, t, 300, 600_000)));
+        assert_eq!(h.limits, [Watts(300); GPUS], "volatile {volatile}");
+        h.trail.clear();
+        h.step(t + 1_000, Input::Stop);
+        let said: Vec<&String> = h
+            .trail
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Say(_, line) if line.contains("lease(s) in force") => Some(line),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(said.len(), 1, "volatile {volatile}: {:?}", h.trail);
+        if volatile {
+            assert_eq!(h.limits, [DEFAULT; GPUS], "the ceilings put back");
+            assert!(
+                said[0].contains("volatile_state") && said[0].contains("put back"),
+                "{}",
+                said[0]
+            );
+        } else {
+            assert_eq!(h.limits, [Watts(300); GPUS], "left for the next start");
+            assert!(said[0].contains("stay as they are"), "{}", said[0]);
+        }
+    }
+}
+
 #[test]
 fn a_restart_tells_its_own_limits_from_an_administrators() {
     // Stopped with a 300 W lease in force under a 500 W ceiling.

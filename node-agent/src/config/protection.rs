@@ -59,6 +59,8 @@ const NO_COMMANDS: &str = "none";
 const NOT_MANAGED: &str = "not_managed";
 /// `[cooling_loss] actions`'s one value: no command on a cooling loss.
 const NO_ACTIONS: &str = "none";
+/// The opt-out's key of `volatile_state`: no flash file on purpose.
+pub(super) const VOLATILE_STATE: &str = "volatile_state";
 /// `persistence`'s one value: GPUs without persistence mode are taken.
 const NOT_REQUIRED: &str = "not_required";
 /// The opt-out's key of `persistence`, which the shell checks at start,
@@ -283,7 +285,7 @@ pub(super) fn opt_outs(
         "cooling_loss.grace_s",
         format!("[cooling_loss] grace_s = {grace}: a rack that loses cooling is powered down {grace} s after its drain, not the {SAFETY_GRACE_S} s the safety case counts on (docs/safety.md): its GPUs stay powered, at their minimum caps, on a loop without flow that long"),
     );
-    say(volatile, "volatile_state", "volatile_state = true: no flash file: quarantines, leases and the limits the agent set are lost at every restart".into());
+    say(volatile, VOLATILE_STATE, "volatile_state = true: no flash file: quarantines, leases and the limits the agent set are lost at every restart, so a stop lifts the caps in force (leases' too) back to the ceilings, and a crash leaves a cap as the GPUs' uncapped limit".into());
     say(persistence, PERSISTENCE, format!("persistence = \"{NOT_REQUIRED}\": GPUs without persistence mode are taken: when the agent, their last client, stops, the driver deinitializes them and the limits it leaves revert to the default until it starts again, and a restart takes the default for the administrator's limit"));
     say(reported_only, "quarantine.reported_only", "[quarantine] reported_only = true: a quarantined GPU is not drained by this host; only the bus says it (the site's scheduler must read it)".into());
     Ok(off)
@@ -771,6 +773,10 @@ mod tests {
             c.opt_outs
         );
         assert!(
+            c.volatile_state(),
+            "the node is told: a stop lifts the caps"
+        );
+        assert!(
             c.opt_outs[0].said.starts_with("commands = \"none\""),
             "{:?}",
             c.opt_outs
@@ -786,6 +792,7 @@ mod tests {
         assert!(c.opt_outs[0]
             .said
             .starts_with("[cooling_loss] actions = \"none\""));
+        assert!(!c.volatile_state());
         let c = twin("").expect("a demonstration");
         assert!(c.opt_outs.is_empty());
     }

@@ -307,6 +307,7 @@ pub(super) fn node(config: &Config, gpus: &[GpuState], started: TimestampMs) -> 
             rack: config.rack,
         }),
         started,
+        volatile_state: config.volatile_state(),
     };
     Node::new(setup)
 }

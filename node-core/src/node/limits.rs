@@ -550,14 +550,16 @@ impl Node {
     /// At the stop, the limits read: with a lease in force the limits
     /// stay (the leases are in flash, and the next start applies or lifts
     /// them: a restart in a cooling emergency never runs the GPUs
-    /// uncapped); with none, every GPU not at its ceiling is given it
-    /// back (one whose limit was not read just now, `read`, only where
-    /// that lowers it: a raise could overwrite an administrator's limit
-    /// unseen, and is said).
+    /// uncapped), unless the state is volatile (the leases die with the
+    /// agent, and the next start would take a cap left on for the
+    /// ceiling, never to be lifted); otherwise every GPU not at its
+    /// ceiling is given it back (one whose limit was not read just now,
+    /// `read`, only where that lowers it: a raise could overwrite an
+    /// administrator's limit unseen, and is said).
     fn stopping(&mut self, now: Now, read: &[bool], out: &mut Vec<Effect>) {
         self.commands.targets(now.steady);
         let leases = self.commands.leases().len();
-        if leases > 0 {
+        if leases > 0 && !self.volatile_state {
             out.push(Effect::Say(
                 Level::Info,
                 format!(
@@ -565,6 +567,14 @@ impl Node {
                 ),
             ));
             return;
+        }
+        if leases > 0 {
+            out.push(Effect::Say(
+                Level::Warn,
+                format!(
+                    "stopping with {leases} lease(s) in force and volatile_state = true: the leases are not kept, so the power limits are put back to the ceilings (a cap left on would be taken for the uncapped limit at the next start); a CDU caps again at its next renewal"
+                ),
+            ));
         }
         let mut sets = Vec::new();
         for (i, g) in self.gpus.iter().enumerate() {

@@ -192,6 +192,21 @@ impl Host {
         Self::start_kept(boot, Kept::default())
     }
 
+    /// As [`Host::boot`], its state volatile (no flash file): nothing it
+    /// keeps survives a stop.
+    pub fn boot_volatile(boot: Boot) -> Self {
+        let start = Start {
+            limits: [boot.limits; GPUS],
+            site_limit: boot.site_limit,
+            kept: [boot.kept; GPUS],
+            logged: Vec::new(),
+            at: T0.0,
+        };
+        let mut host = Self::assemble(start, Kept::default(), LeaseLimits::default(), true);
+        host.step(T0.0, Input::Start);
+        host
+    }
+
     /// As [`Host::start`], with the rest of what the flash kept given back
     /// first, as the agent gives it (a GPU's health only when not
     /// healthy).
@@ -202,7 +217,7 @@ impl Host {
     /// As [`Host::start_kept`], the host taking leases within `limits`.
     pub fn start_limited(boot: Start, kept: Kept, limits: LeaseLimits) -> Self {
         let at = boot.at;
-        let mut host = Self::assemble(boot, kept, limits);
+        let mut host = Self::assemble(boot, kept, limits, false);
         host.step(at, Input::Start);
         host
     }
@@ -220,14 +235,16 @@ impl Host {
             },
             Kept::default(),
             LeaseLimits::default(),
+            false,
         );
         host.unreadable = unreadable;
         host.step(T0.0, Input::Start);
         host
     }
 
-    /// The host as [`Host::start_kept`] makes it, not started yet.
-    fn assemble(boot: Start, kept: Kept, lease_limits: LeaseLimits) -> Self {
+    /// The host as [`Host::start_kept`] makes it, not started yet; its
+    /// state `volatile` or in flash.
+    fn assemble(boot: Start, kept: Kept, lease_limits: LeaseLimits, volatile: bool) -> Self {
         let setup = Setup {
             own_cmd: samples::command_topic(),
             authority: Authority::demo(Some(cdu())),
@@ -252,6 +269,7 @@ impl Host {
                 rack: Some(2),
             }),
             started: T0,
+            volatile_state: volatile,
         };
         let mut node = Node::new(setup);
         for (taken, f) in &boot.logged {
@@ -510,7 +528,7 @@ impl Host {
     /// the GPUs of `unreadable` still not readable at the new start.
     pub fn crashed_unreadable(&self, at: u64, unreadable: [bool; GPUS]) -> Self {
         let (start, kept) = self.flash_at(at);
-        let mut host = Self::assemble(start, kept, LeaseLimits::default());
+        let mut host = Self::assemble(start, kept, LeaseLimits::default(), false);
         host.unreadable = unreadable;
         host.step(at, Input::Start);
         host
