@@ -165,22 +165,53 @@ pub(super) fn unread_record(uuid: &str) -> Option<(String, Vec<u8>)> {
     limit_key(uuid).map(|key| (key, UNREAD_SINCE_LOSS.to_vec()))
 }
 
+/// One GPU's limits record to keep: the GPU's index, its UUID, and the
+/// record (key, value).
+type GpuRecord = (usize, String, (String, Vec<u8>));
+
 /// Keeps every GPU's limits `records`, handed over as one, and waits
 /// until all are in flash: any one refused is said (the first refusal's
-/// words). Returns whether all are kept.
-async fn keep_records(recorder: &Recorder, records: Vec<(String, Vec<u8>)>) -> bool {
+/// words), naming its GPU (the key is a hash of the UUID). Returns
+/// whether all are kept.
+async fn keep_records(recorder: &Recorder, records: Vec<GpuRecord>) -> bool {
     if records.is_empty() {
         return true;
     }
-    match recorder.set_all_sync(records).await {
+    let (gpus, items): (Vec<_>, Vec<_>) = records
+        .into_iter()
+        .map(|(i, uuid, record)| ((i, uuid, record.0.clone()), record))
+        .unzip();
+    match recorder.set_all_sync(items).await {
         Ok(()) => true,
         Err(e) => {
             tracing::error!(
-                "power limits not kept in flash ({e}): a restart may take a cap it finds for the site's limit"
+                "{}: power limits not kept in flash ({e}): a restart may take a cap it finds for the site's limit",
+                refused_gpus(&gpus, &e)
             );
             false
         }
     }
+}
+
+/// The GPUs (index, UUID, key) whose record the store's refusal `e`
+/// names (it begins with the key of the first it refused); all of them
+/// when it names none (the store gone).
+fn refused_gpus(gpus: &[(usize, String, String)], e: &str) -> String {
+    let named: Vec<_> = gpus
+        .iter()
+        .filter(|(_, _, key)| e.starts_with(&format!("{key} ")))
+        .collect();
+    let said = if named.is_empty() {
+        gpus.iter().collect()
+    } else {
+        named
+    };
+    let list: Vec<String> = said
+        .iter()
+        .map(|(i, uuid, _)| format!("{i} ({uuid})"))
+        .collect();
+    let gpu = if list.len() == 1 { "GPU" } else { "GPUs" };
+    format!("{gpu} {}", list.join(", "))
 }
 
 impl Agent {
@@ -211,7 +242,7 @@ impl Agent {
                 continue;
             };
             match record(&g.info.uuid, limit) {
-                Some(Ok(r)) => records.push(r),
+                Some(Ok(r)) => records.push((i, g.info.uuid.clone(), r)),
                 Some(Err(e)) => tracing::error!("GPU {i}: power limits not encodable: {e}"),
                 // Its UUID is unknown: nothing is kept under a guess.
                 None => unknown.push(i),
@@ -307,26 +338,35 @@ mod tests {
     fn a_refused_record_of_any_gpu_is_said_not_only_the_last() {
         let stores = loopwarden_store::agent_flash::open(None).unwrap();
         let recorder = Recorder::start(stores.log, stores.store, None).unwrap();
-        let record = |uuid: &str| {
+        let record = |i: usize, uuid: &str| {
             let kept = Kept {
                 uuid: uuid.into(),
                 limit: limit(300),
             };
-            (
+            let r = (
                 limit_key(uuid).unwrap(),
                 postcard::to_allocvec(&kept).unwrap(),
-            )
+            );
+            (i, uuid.to_string(), r)
         };
         let long = format!("GPU-{}", "0".repeat(loopwarden_flash::config::MAX_VALUE));
-        let records = vec![record(&long), record("GPU-bbbb")];
+        let records = vec![record(0, &long), record(1, "GPU-bbbb")];
+        let (kept, log) = crate::test_log::logged(|| {
+            futures::executor::block_on(keep_records(&recorder, records))
+        });
+        assert!(!kept, "GPU 0's refusal unsaid");
+        // Its key is a hash of the UUID: the GPU is named, not the key.
+        let said: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
+        assert_eq!(said.len(), 1, "{log}");
+        assert!(
+            said[0].contains(&format!("GPU 0 ({long}): power limits not kept in flash")),
+            "{log}"
+        );
+        assert!(!said[0].contains("GPU 1"), "{log}");
         futures::executor::block_on(async {
-            assert!(
-                !keep_records(&recorder, records).await,
-                "GPU 0's refusal unsaid"
-            );
             let kept = recorder.get(limit_key("GPU-bbbb").unwrap()).await;
             assert!(kept.unwrap().is_some(), "GPU 1's kept");
-            assert!(keep_records(&recorder, vec![record("GPU-cccc")]).await);
+            assert!(keep_records(&recorder, vec![record(2, "GPU-cccc")]).await);
         });
     }
 
