@@ -765,7 +765,7 @@ impl<P: CduPort> Shell<P> {
             OperatorAction::ClearPumpTrip { pump } => {
                 // A map without the pump's fault bit cannot show it: the
                 // clear goes on the operator's word, and says so. A bit
-                // that reads no value is unknown: refused.
+                // not read (its read request failed) is unknown: refused.
                 let done = self
                     .devices
                     .pump_fault(pump as usize)
@@ -774,6 +774,7 @@ impl<P: CduPort> Shell<P> {
                             .core_mut()
                             .clear_pump(pump, fault.unwrap_or(false))
                             .map(|()| devices::pump_cleared(&format!("{pump:?}"), fault))
+                            .map_err(String::from)
                     })
                     .map_err(|e| format!("pump {pump:?}: {e}"));
                 (done, (None, Some(pump)))

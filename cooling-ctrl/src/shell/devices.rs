@@ -113,37 +113,47 @@ pub(super) struct Devices<P> {
     /// When the CDU last answered a read.
     pub(super) last_read: Option<TimestampMs>,
     /// The pumps' fault bits as last read (`None` in one: the map has no
-    /// such bit, or it read no value); `None` before the first read and
-    /// while the CDU does not answer: unknown.
+    /// such bit, or its read request failed, `read_gap`);
+    /// `None` before the first read and while the CDU does not answer:
+    /// unknown.
     pub(super) pump_faults: Option<[Option<bool>; 2]>,
     /// Whether the register map has each pump's fault bit.
     fault_bits: [bool; 2],
 }
 
-/// Why a pump's trip is not cleared while its fault bit reads no value.
-const FAULT_UNREAD: [&str; 2] = [
-    "not cleared: the CDU's fault bit for it (pump_a_fault) reads no value (the CDU's \
-     \"not available\"), so whether it still shows the pump's fault is unknown",
-    "not cleared: the CDU's fault bit for it (pump_b_fault) reads no value (the CDU's \
-     \"not available\"), so whether it still shows the pump's fault is unknown",
-];
+/// Why a pump's trip is not cleared while its fault flag was not read
+/// this step. A fault flag is a bit word, which no pattern makes the
+/// CDU's "not available" (`Register::reading`): it reads no value only
+/// where the read request that holds it failed, or was not tried after
+/// one that failed, while others answered (`gaps`: those requests'
+/// errors, as logged). The cause is that read, not the pump's drive.
+fn fault_unread(pump: usize, gaps: Option<&str>) -> String {
+    let flag = ["pump_a_fault", "pump_b_fault"][pump % 2];
+    let why = gaps.unwrap_or("the read error is in the log");
+    format!(
+        "not cleared: {flag} was not read this step: its read request failed or was not \
+         tried after one that failed ({why}; logged as `reading the CDU (in part)`), so \
+         whether the CDU still shows the pump's fault is unknown"
+    )
+}
 
 /// What a pump's clear reads of its fault, from the fault bits as last
-/// read (`faults`) and whether the map has each (`mapped`):
-/// `Ok(Some(shown))` from the bit, `Ok(None)` where the map has no such
-/// bit (the clear is then taken on the operator's word alone, and said
-/// so), `Err` while the CDU has not been read or the bit read no value
-/// (unknown).
+/// read (`faults`), whether the map has each (`mapped`) and the failed
+/// requests of that read (`gaps`): `Ok(Some(shown))` from the bit,
+/// `Ok(None)` where the map has no such bit (the clear is then taken on
+/// the operator's word alone, and said so), `Err` while the CDU has not
+/// been read or the bit's read request failed (unknown).
 pub(super) fn pump_fault(
     faults: Option<[Option<bool>; 2]>,
     mapped: [bool; 2],
     pump: usize,
-) -> Result<Option<bool>, &'static str> {
+    gaps: Option<&str>,
+) -> Result<Option<bool>, String> {
     let faults = faults.ok_or(super::NOT_READ)?;
     match (faults[pump], mapped[pump]) {
         (Some(shown), _) => Ok(Some(shown)),
         (None, false) => Ok(None),
-        (None, true) => Err(FAULT_UNREAD[pump]),
+        (None, true) => Err(fault_unread(pump, gaps)),
     }
 }
 
@@ -189,8 +199,9 @@ impl<P: CduPort> Devices<P> {
 
     /// What a clear of `pump` (0: A, 1: B) reads of its fault
     /// ([`pump_fault`]).
-    pub(super) fn pump_fault(&self, pump: usize) -> Result<Option<bool>, &'static str> {
-        pump_fault(self.pump_faults, self.fault_bits, pump)
+    pub(super) fn pump_fault(&self, pump: usize) -> Result<Option<bool>, String> {
+        let gaps = self.read_gap.0.as_deref();
+        pump_fault(self.pump_faults, self.fault_bits, pump, gaps)
     }
 
     /// As past a read-back that read the safety settings held: a
@@ -737,6 +748,8 @@ mod beat_count;
 #[cfg(test)]
 mod fallback;
 #[cfg(test)]
+mod fault_unread;
+#[cfg(test)]
 mod held_reason;
 #[cfg(test)]
 mod never_read_back;
@@ -758,11 +771,12 @@ mod tests {
     #[test]
     fn a_pump_clear_without_a_fault_bit_says_it_went_on_the_operators_word() {
         let a_only = [true, false];
-        assert_eq!(pump_fault(None, a_only, 0), Err(super::super::NOT_READ));
-        assert_eq!(pump_fault(None, a_only, 1), Err(super::super::NOT_READ));
+        let not_read = Err(super::super::NOT_READ.to_string());
+        assert_eq!(pump_fault(None, a_only, 0, None), not_read);
+        assert_eq!(pump_fault(None, a_only, 1, None), not_read);
         let read = Some([Some(true), None]);
-        assert_eq!(pump_fault(read, a_only, 0), Ok(Some(true)));
-        assert_eq!(pump_fault(read, a_only, 1), Ok(None));
+        assert_eq!(pump_fault(read, a_only, 0, None), Ok(Some(true)));
+        assert_eq!(pump_fault(read, a_only, 1, None), Ok(None));
         assert_eq!(pump_cleared("A", Some(false)), "pump A back in service");
         let word = pump_cleared("B", None);
         assert!(
@@ -778,12 +792,30 @@ mod tests {
         shown: [Option<bool>; 2],
     }
 
+    /// The request of inputs 10-20 (where the fault flags are) refused.
+    static FLAGS_REFUSED: std::sync::LazyLock<[CduError; 1]> = std::sync::LazyLock::new(|| {
+        [CduError::Refused {
+            op: "read input 10-20 (it_power to outdoor_temp)".into(),
+            code: 2,
+            meaning: crate::modbus::exception_meaning(2),
+        }]
+    });
+
     impl Script for Faults {
         fn read(&mut self) -> Result<CduMeasurements, CduError> {
             Ok(CduMeasurements {
                 pump_faults: self.shown,
                 ..CduMeasurements::default()
             })
+        }
+        /// A mapped flag reads no value only where its request failed.
+        fn read_gaps(&self) -> &[CduError] {
+            let unread = (0..2).any(|p| self.mapped[p] && self.shown[p].is_none());
+            if unread {
+                &FLAGS_REFUSED[..]
+            } else {
+                &[]
+            }
         }
         fn pump_fault_bits(&self) -> [bool; 2] {
             self.mapped
@@ -1088,23 +1120,26 @@ mod tests {
     }
 
     #[test]
-    fn a_fault_bit_the_map_has_that_reads_no_value_refuses_the_clear() {
-        // Pump A's bit is mapped and reads the CDU's "not available";
-        // pump B has none in the map.
+    fn a_fault_bit_the_map_has_that_was_not_read_refuses_the_clear_naming_the_read() {
+        // Pump A's bit is mapped, but the request that holds it failed
+        // while the others answered (a fault flag, a bit word, reads no
+        // value only so); pump B has none in the map.
         let cdu = Scripted(Faults {
             mapped: [true, false],
             shown: [None, None],
         });
         let mut d = Devices::new(cdu, None).seen_held();
-        assert_eq!(d.pump_fault(0), Err(super::super::NOT_READ));
+        assert_eq!(d.pump_fault(0), Err(super::super::NOT_READ.to_string()));
         let mut stats = ShellStats::default();
         assert!(run(d.read_cdu(&mut stats)).is_some());
         let why = d.pump_fault(0).unwrap_err();
         assert!(
             why.starts_with("not cleared")
-                && why.contains("pump_a_fault")
-                && why.contains("reads no value")
-                && why.contains("unknown"),
+                && why.contains("pump_a_fault was not read this step")
+                && why.contains("read input 10-20 (it_power to outdoor_temp)")
+                && why.contains("exception 2")
+                && why.contains("unknown")
+                && !why.contains("not available"),
             "{why}"
         );
         assert_eq!(d.pump_fault(1), Ok(None), "on the operator's word");
