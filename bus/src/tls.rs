@@ -9,13 +9,22 @@
 //! `broker` (an address, say). TLS 1.2 and 1.3 only, with the ring
 //! provider; the broker's chain and name are always checked.
 //!
+//! The device's certificate must be made out to the node that uses it:
+//! its subject's CN is the identity the site's ACL knows it by (the host
+//! id, the CDU id, the operator's or reader's name), and a client that
+//! knows whose it should be refuses another's ([`Tls::check_identity`]).
+//!
 //! Glossary:
 //! - *CA*: certificate authority; here the site's own (`lwbus pki init`)
 //!   or the site's existing PKI.
+//! - *CN*: the common name of a certificate's subject ([`common_name`]);
+//!   the broker's user name for a device certificate.
 //! - *server name*: the DNS name or address the broker's certificate must
 //!   name (its subject alternative names).
 
+mod subject;
 mod validity;
+pub use subject::common_name;
 pub use validity::{validity, Validity};
 
 use std::path::{Path, PathBuf};
@@ -67,6 +76,9 @@ pub struct Tls {
     /// When the CA's and this device's certificates are valid, with the
     /// file each is in.
     pub validity: Vec<Dated>,
+    /// The CN of this device's certificate (the first of its file), when
+    /// there is one and it reads.
+    pub cert_cn: Option<String>,
 }
 
 /// Days before a certificate's end from which it is warned of.
@@ -131,6 +143,30 @@ impl Tls {
             }
         }
         notes
+    }
+
+    /// Refuses a device certificate that is not made out to `who`, the
+    /// identity this node is on the bus (a `role`: host, CDU, operator…):
+    /// the broker would take its CN as the user, and the ACL would drop
+    /// this node's publishes (while acknowledging them, so they leave the
+    /// outbox for good) and deny its command subscriptions. One whose CN
+    /// does not read is refused too. Without a device certificate there
+    /// is nothing to check.
+    pub fn check_identity(&self, role: &str, who: &str) -> Result<(), TlsError> {
+        let Some(cert) = &self.files.cert else {
+            return Ok(());
+        };
+        let found = match &self.cert_cn {
+            Some(cn) if cn == who => return Ok(()),
+            Some(cn) => format!("is made out to CN {cn:?}"),
+            None => "has no CN in its subject that can be read".to_string(),
+        };
+        Err(err(TlsPart::Cert)(format!(
+            "TLS certificate {} {found}, but this node is {role} {who:?}: the broker takes \
+             the CN as the user name, and the ACL would drop this node's frames and \
+             commands; give this node its own certificate (CN {who:?})",
+            cert.display()
+        )))
     }
 
     /// Says [`Tls::validity_notes`] at `now` in the log.
@@ -358,10 +394,12 @@ impl Tls {
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(Anchored { roots, name }));
         let (cert_err, key_err) = (err(TlsPart::Cert), err(TlsPart::Key));
+        let mut cert_cn = None;
         let config = match (&files.cert, &files.key) {
             (Some(cert), Some(key)) => {
                 let chain = certs(cert, "TLS certificate").map_err(&cert_err)?;
                 validity.extend(validities(&chain, "TLS certificate", cert));
+                cert_cn = common_name(chain[0].as_ref());
                 let secret = private_key(key).map_err(&key_err)?;
                 builder.with_client_auth_cert(chain, secret).map_err(|e| {
                     cert_err(format!(
@@ -379,6 +417,7 @@ impl Tls {
             config: Arc::new(config),
             files,
             validity,
+            cert_cn,
         })
     }
 }

@@ -354,6 +354,8 @@ pub fn resolve_for(
 
     let heartbeat_timeout =
         (heartbeat.as_ref()).map(|h| Duration::from_millis((h.s * 1000.0).max(0.0) as u64));
+    // Last: a file not filled in yet is refused for what it lacks first.
+    common::check_tls_identity(&src, &common, "CDU", &cdu)?;
     Ok(Config {
         heartbeat_timeout,
         site: common.site,

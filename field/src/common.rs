@@ -279,6 +279,8 @@ pub struct Common {
     pub tls: Option<Tls>,
     /// The flag that gave `tls_ca`, if one did (for errors).
     pub tls_ca_flag: Option<&'static str>,
+    /// The flag that gave `tls_cert`, if one did (for errors).
+    pub tls_cert_flag: Option<&'static str>,
     /// Flash file; `None`: in memory only.
     pub flash: Option<PathBuf>,
     /// Console socket.
@@ -341,6 +343,7 @@ pub fn resolve(
         broker_user_flag,
         tls,
         tls_ca_flag: pick!(flags.tls_ca, *file.tls_ca, "tls-ca").1,
+        tls_cert_flag: pick!(flags.tls_cert, *file.tls_cert, "tls-cert").1,
         flash: pick!(flags.flash, *file.flash, "flash").0,
         console: pick!(flags.console, *file.console, "console")
             .0
@@ -512,6 +515,26 @@ fn tls(
         };
         src.error(flag, field, e.message)
     })
+}
+
+/// Refuses a device certificate (`tls_cert`) not made out to this agent:
+/// its CN must be `who`, the agent's identity on the bus (the host id of
+/// a node agent, the CDU id of a controller), as `lwbus pki init` issues
+/// it and a site's PKI must (docs/security.md section 6.2). The broker
+/// takes the CN as the user name: with another device's certificate its
+/// ACL would drop every frame of this agent, while acknowledging it, and
+/// deny its commands. `role` names the identity (`host`, `CDU`).
+pub fn check_tls_identity(
+    src: &Sources,
+    common: &Common,
+    role: &str,
+    who: &Ident,
+) -> Result<(), ConfigError> {
+    let Some(tls) = &common.tls else {
+        return Ok(());
+    };
+    tls.check_identity(role, who.as_str())
+        .map_err(|e| src.error(common.tls_cert_flag, "tls_cert", e.message))
 }
 
 /// The longest loop period a configuration takes, ms.
@@ -948,6 +971,64 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.line, Some(2), "{e}");
         assert!(e.message.contains("/nonexistent/ca.crt"), "{e}");
+    }
+
+    /// Another device's certificate (h02's copied onto h01) is refused at
+    /// start, naming the file, the CN found and the one expected: the
+    /// broker would take it for h02, and the ACL would drop h01's frames.
+    #[test]
+    fn a_certificate_of_another_identity_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        loopwarden_bus::pki::init(&loopwarden_bus::pki::InitArgs {
+            site: "lab".into(),
+            hosts: vec!["h01".into(), "h02".into()],
+            cdus: vec!["cdu1".into()],
+            operators: Vec::new(),
+            readers: Vec::new(),
+            out: pki.clone(),
+            broker_port: 8883,
+        })
+        .expect("pki init");
+        let d = pki.canonicalize().unwrap();
+        let d = d.display();
+        let of = |who: &str| {
+            format!(
+                "site = \"lab\"\nbroker = \"127.0.0.1:8883\"\ntls_ca = \"{d}/ca.crt\"\n\
+                 tls_cert = \"{d}/{who}.crt\"\ntls_key = \"{d}/{who}.key\"\n"
+            )
+        };
+        let id = |s: &str| Ident::new(s).unwrap();
+        let resolved = |text: &str| {
+            let path = Path::new("a.toml");
+            let common = check(text, &CommonFlags::default()).expect("the files load");
+            check_tls_identity(&Sources::new(Some(path), text), &common, "host", &id("h01"))
+        };
+        let e = resolved(&of("h02")).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(
+            e.message
+                .contains(&format!("{d}/h02.crt is made out to CN \"h02\""))
+                && e.message.contains("this node is host \"h01\""),
+            "{e}"
+        );
+        resolved(&of("h01")).expect("h01's own certificate");
+        // A CDU's is refused to a host of the same site too.
+        assert!(resolved(&of("cdu1")).is_err());
+        // The flag names itself.
+        let text = of("h01");
+        let common = check(
+            &text,
+            &CommonFlags {
+                tls_cert: Some(pki.join("h02.crt")),
+                tls_key: Some(pki.join("h02.key")),
+                ..CommonFlags::default()
+            },
+        )
+        .unwrap();
+        let e = check_tls_identity(&Sources::new(None, &text), &common, "host", &id("h01"))
+            .unwrap_err();
+        assert!(e.to_string().contains("--tls-cert"), "{e}");
     }
 
     #[test]

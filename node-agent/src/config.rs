@@ -443,6 +443,8 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let lease_limits = lease_limits(&src, &file, flags)?;
     let metrics_listen = metrics_listen(&src, &file, flags)?;
 
+    // Last: a file not filled in yet is refused for what it lacks first.
+    common::check_tls_identity(&src, &common, "host", &host)?;
     Ok(Config {
         site: common.site,
         host,

@@ -24,6 +24,19 @@ pub struct Validity {
 /// The validity of the certificate `der`; `None` where it is not a
 /// certificate this reads (it is then checked by the TLS library alone).
 pub fn validity(der: &[u8]) -> Option<Validity> {
+    let (issuer, validity, subject) = names_and_validity(der)?;
+    let (not_before, after) = time(validity)?;
+    let (not_after, _) = time(after)?;
+    Some(Validity {
+        not_before,
+        not_after,
+        self_signed: issuer == subject,
+    })
+}
+
+/// The contents of the issuer, the validity and the subject of the
+/// certificate `der` (each a `SEQUENCE`).
+pub(super) fn names_and_validity(der: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
     let (cert, _) = element(der, 0x30)?;
     let (tbs, _) = element(cert, 0x30)?;
     // The version, when there ([0] EXPLICIT).
@@ -37,19 +50,13 @@ pub fn validity(der: &[u8]) -> Option<Validity> {
     }
     let (issuer, rest) = element(rest, 0x30)?;
     let (validity, rest) = element(rest, 0x30)?;
-    let (not_before, after) = time(validity)?;
-    let (not_after, _) = time(after)?;
     let (subject, _) = element(rest, 0x30)?;
-    Some(Validity {
-        not_before,
-        not_after,
-        self_signed: issuer == subject,
-    })
+    Some((issuer, validity, subject))
 }
 
 /// The contents of the element of tag `tag` at the start of `b`, and what
 /// follows it.
-fn element(b: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+pub(super) fn element(b: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
     let (&t, rest) = b.split_first()?;
     let (&first, rest) = rest.split_first()?;
     let (len, rest) = if first < 0x80 {

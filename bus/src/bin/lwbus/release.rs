@@ -261,6 +261,14 @@ pub async fn run(o: Options<'_>) -> Result<()> {
             me.id.as_str()
         );
     }
+    // A certificate of another identity: the broker would take this run
+    // for that user. With a host's or a reader's the ACL drops the release
+    // unsaid; with another operator's, the broker's log names the wrong
+    // person.
+    if let Some(tls) = &o.tls {
+        (tls.check_identity("operator", me.id.as_str()))
+            .map_err(|e| anyhow::anyhow!("--tls-cert: {e}"))?;
+    }
     let gpu = GpuIndex::new(o.gpu).context("--gpu: 0 to 15")?;
     let note = o.note.trim();
     if note.is_empty() {
@@ -433,6 +441,44 @@ fn clocks_apart(
 mod tests {
     use super::*;
     use loopwarden_protocol::{Correlation, NodeId, Text};
+
+    /// Operator ops1's sign key with ops2's certificate: refused before
+    /// connecting, naming both.
+    #[test]
+    fn a_certificate_of_another_operator_is_refused() {
+        use loopwarden_bus::tls::{Tls, TlsFiles};
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        loopwarden_bus::pki::init(&loopwarden_bus::pki::InitArgs {
+            site: "lab".into(),
+            hosts: vec!["h01".into()],
+            cdus: vec!["cdu1".into()],
+            operators: vec!["ops1".into(), "ops2".into()],
+            readers: Vec::new(),
+            out: pki.clone(),
+            broker_port: 8883,
+        })
+        .unwrap();
+        let tls = |who: &str| Tls::load(TlsFiles::of_identity(&pki, who)).unwrap();
+        let sign_key = pki.join("ops1.sign.key");
+        let options = |who: &str| Options {
+            broker: "b.hall".parse().unwrap(),
+            tls: Some(tls(who)),
+            site: "lab",
+            host: "h01",
+            gpu: 0,
+            note: "fan replaced",
+            sign_key: &sign_key,
+        };
+        let e = rt().block_on(run(options("ops2"))).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--tls-cert: TLS certificate ")
+                && e.contains("ops2.crt is made out to CN \"ops2\"")
+                && e.contains("this node is operator \"ops1\""),
+            "{e}"
+        );
+        assert!(tls("ops1").check_identity("operator", "ops1").is_ok());
+    }
 
     #[test]
     fn a_clock_far_from_the_hosts_is_said_before_anything_is_signed() {

@@ -147,8 +147,24 @@ fn show(
     }
 }
 
+/// Refuses a certificate not made out to the reader or operator whose
+/// sign key repairs the gaps: the broker would take the watch for another
+/// user, whose ACL may not ask for resends. Without `--sign-key` the
+/// watch does not know whose it should be, and takes it as it is.
+fn check_identity(o: &Options) -> Result<()> {
+    let (Some(tls), Some(key)) = (&o.tls, &o.key) else {
+        return Ok(());
+    };
+    let role = match key.node.role {
+        Role::Facility => "facility reader",
+        role => role.as_str(),
+    };
+    (tls.check_identity(role, key.node.id.as_str())).map_err(|e| anyhow::anyhow!("--tls-cert: {e}"))
+}
+
 /// Watches until Ctrl-C, repairing gaps when `o.key` is given.
 pub async fn run(o: Options) -> Result<()> {
+    check_identity(&o)?;
     let (bus, mut inbound) = start(&o)?;
     match &o.key {
         Some(k) => eprintln!("lwbus: frames missed are asked for again as {}", k.node),
@@ -243,6 +259,42 @@ mod tests {
             key_id: 1,
             key: SigningKey::from_bytes(&[3; 32]),
         }
+    }
+
+    /// A reader's sign key with another reader's certificate is refused,
+    /// naming both; without a sign key nothing says whose it should be.
+    #[test]
+    fn a_certificate_not_of_the_sign_keys_reader_is_refused() {
+        use loopwarden_bus::tls::{Tls, TlsFiles};
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        loopwarden_bus::pki::init(&loopwarden_bus::pki::InitArgs {
+            site: "lab".into(),
+            hosts: vec!["h01".into()],
+            cdus: vec!["cdu1".into()],
+            operators: Vec::new(),
+            readers: vec!["bms1".into(), "bms2".into()],
+            out: pki.clone(),
+            broker_port: 8883,
+        })
+        .unwrap();
+        let options = |cert: &str, key: Option<&str>| Options {
+            broker: "b.hall".parse().unwrap(),
+            site: Ident::new("lab").unwrap(),
+            json: false,
+            tls: Some(Tls::load(TlsFiles::of_identity(&pki, cert)).unwrap()),
+            key: key.map(|k| reader_key(&pki.join(format!("{k}.sign.key"))).unwrap()),
+        };
+        let e = check_identity(&options("bms2", Some("bms1")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("bms2.crt is made out to CN \"bms2\"")
+                && e.contains("this node is facility reader \"bms1\""),
+            "{e}"
+        );
+        assert!(check_identity(&options("bms1", Some("bms1"))).is_ok());
+        assert!(check_identity(&options("bms2", None)).is_ok());
     }
 
     #[test]
