@@ -4,8 +4,8 @@
 //! One command writes, into one directory, everything a site needs to run
 //! its bus over TLS with a certificate per device: a CA, a certificate and
 //! key for the broker and for every identity (hosts, CDU controllers,
-//! operators, facility readers), a sign key for every signer, the hosts'
-//! keyring, and a `mosquitto.conf` with its ACL that lets each identity
+//! operators, facility readers), a sign key for every signer, the site's
+//! keyring (hosts and CDU controllers), and a `mosquitto.conf` with its ACL that lets each identity
 //! publish and read only its own topics. Nothing is overwritten: a
 //! directory that already holds a CA is refused.
 //!
@@ -17,7 +17,7 @@
 //! | `broker.crt`, `broker.key` | the broker's identity | 0644, 0600 |
 //! | `ID.crt`, `ID.key` | each identity's certificate and key | 0644, 0600 |
 //! | `ID.sign.key` | each signer's Ed25519 key ([`crate::keys`]) | 0600 |
-//! | `keyring.toml` | who may command the hosts (public) | 0644 |
+//! | `keyring.toml` | who may command the hosts, and ask hosts and controllers for resends (public) | 0644 |
 //! | `mosquitto.conf`, `acl` | the broker's listener and ACL | 0644 |
 //!
 //! Glossary:
@@ -119,7 +119,8 @@ pub fn run(command: PkiCommand) -> anyhow::Result<()> {
 }
 
 /// Writes a new sign key for `args.node`; returns the keyring entry to
-/// add to the hosts' keyrings, with a note of what to do.
+/// add to the hosts' keyrings (and the controllers', for a signer that
+/// may ask for resends), with a note of what to do.
 pub fn sign_key(args: &SignKeyArgs) -> Result<String, String> {
     let (role, name) = signer_node(&args.node).map_err(|e| format!("--node: {e}"))?;
     let name = ident("signer", name.as_str())?;
@@ -155,6 +156,12 @@ pub fn sign_key(args: &SignKeyArgs) -> Result<String, String> {
         may,
     };
     let entry = signer_toml(&signer);
+    // Controllers check resend requests against their keyring too.
+    let keyrings = if may.resend {
+        "every host's and every CDU controller's keyring.toml, restart them"
+    } else {
+        "every host's keyring.toml, restart the hosts"
+    };
     let note = if role == Role::Facility && may.lease {
         "note: this facility signer may lease: it may cap any GPU of every host whose keyring \
          holds it, not only one CDU's; a reader needs only resend\n"
@@ -163,7 +170,7 @@ pub fn sign_key(args: &SignKeyArgs) -> Result<String, String> {
     };
     Ok(format!(
         "wrote {} (keep it secret; mode 0600)\n{note}\
-         add to every host's keyring.toml, restart the hosts, then switch the signer to it:\n\n{entry}",
+         add to {keyrings}, then switch the signer to it:\n\n{entry}",
         args.out.display()
     ))
 }
@@ -709,7 +716,8 @@ fn summary(plan: &Plan, dir: &Path, port: u16) -> String {
          readers: {readers}\n\
          \x20 ID.sign.key          signing keys: CDUs and operators (commands), readers\n\
          \x20                      (requests to resend events they missed)\n\
-         \x20 keyring.toml         who may command the hosts (public: copy to every host)\n\
+         \x20 keyring.toml         who may command the hosts and ask for resends (public:\n\
+         \x20                      copy to every host and controller)\n\
          \x20 mosquitto.conf, acl  TLS listener on 127.0.0.1:{port}, who may publish and \
          read what\n\
          Keys (*.key) are mode 0600: give each device only its own.\n",
@@ -737,6 +745,7 @@ fn next_steps(plan: &Plan, dir: &Path, port: u16) -> String {
          \x20    keyring = \"{d}/keyring.toml\"\n\
          \x20    site = \"{site}\"\n     cdu = \"{host_cdu}\"\n\
          \x20 3. in each cooling controller's config ({cdu} shown):\n     broker = \"127.0.0.1:{port}\"\n{}\
+         \x20    keyring = \"{d}/keyring.toml\"\n\
          \x20    sign_key = \"{d}/{cdu}.sign.key\"\n     site = \"{site}\"\n     cdu = \"{cdu}\"\n",
         tls(host),
         tls(cdu),
@@ -957,6 +966,45 @@ mod tests {
         })
         .unwrap();
         assert!(text.contains("may = [\"lease\", \"resend\"]"), "{text}");
+    }
+
+    /// A controller serves a reader's resend requests only with the
+    /// keyring: the lines printed for it name it, as a host's do, and a
+    /// new sign key that may resend is to go into the controllers'
+    /// keyrings too.
+    #[test]
+    fn init_tells_each_controller_its_keyring() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("pki");
+        let text = init(&args(&out, "h01", "cdu1")).unwrap();
+        let d = out.canonicalize().unwrap();
+        let keyring = format!("keyring = \"{}/keyring.toml\"", d.display());
+        let host = &text[text.find("2. in each host").unwrap()..];
+        let cdu = &host[host.find("3. in each cooling controller").unwrap()..];
+        let (host, cdu) = (
+            &host[..host.find("3. ").unwrap()],
+            &cdu[..cdu.find("4. ").unwrap()],
+        );
+        assert!(host.contains(&keyring), "{host}");
+        assert!(cdu.contains(&keyring), "{cdu}");
+        let note = |node: &str, file: &str| {
+            sign_key(&SignKeyArgs {
+                node: node.into(),
+                key_id: 2,
+                may: Vec::new(),
+                out: dir.path().join(file),
+            })
+            .unwrap()
+        };
+        for (node, file) in [("facility/bms1", "bms1"), ("operator/ops1", "ops1")] {
+            let text = note(node, file);
+            assert!(
+                text.contains("add to every host's and every CDU controller's keyring.toml"),
+                "{text}"
+            );
+        }
+        let text = note("cdu/cdu1", "cdu1");
+        assert!(text.contains("add to every host's keyring.toml"), "{text}");
     }
 
     #[test]
