@@ -407,7 +407,6 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         "host",
         local_host_name(),
     )?;
-    common::check_tls_identity(&src, &common, "host", &host)?;
     let gpus = gpu_source(&src, &file, flags)?;
     let board = board(&src, &file, flags)?;
     let timings = timings(&src, &file, flags)?;
