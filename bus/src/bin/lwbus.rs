@@ -92,8 +92,9 @@ enum Command {
     /// the host's answer.
     Release {
         /// Broker address (`host[:port]`), or the nodes of a cluster
-        /// (`host:port,host:port,…`).
-        #[arg(long, default_value = "127.0.0.1:1883")]
+        /// (`host:port,host:port,…`); without a port, 8883 with TLS
+        /// (`--tls-ca`) and 1883 without.
+        #[arg(long, default_value = "127.0.0.1")]
         broker: Brokers,
         /// The site.
         #[arg(long)]
@@ -661,6 +662,27 @@ mod tests {
     use super::{client_id, describe_record, utc, Cli, Command};
 
     use clap::Parser;
+
+    /// Without --broker, a release with TLS goes to the TLS port, not to
+    /// the plain one.
+    #[test]
+    fn a_release_with_tls_and_no_broker_is_on_8883() {
+        let broker = |tls: &[&str]| {
+            let args = [
+                "lwbus", "release", "--site", "lab", "--host", "h01", "--gpu", "0",
+            ];
+            let more = ["--note", "fan replaced", "--sign-key", "ops1.sign.key"];
+            let cli = Cli::try_parse_from(args.iter().chain(&more).chain(tls)).unwrap();
+            match cli.command {
+                Command::Release { broker, tls, .. } => {
+                    broker.with_tls(tls.tls_ca.is_some()).to_string()
+                }
+                _ => unreachable!("a release command"),
+            }
+        };
+        assert_eq!(broker(&["--tls-ca", "ca.crt"]), "127.0.0.1:8883");
+        assert_eq!(broker(&[]), "127.0.0.1:1883");
+    }
 
     #[test]
     fn two_runs_with_one_process_id_get_two_client_ids() {

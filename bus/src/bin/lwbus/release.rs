@@ -246,6 +246,12 @@ pub struct Options<'a> {
     pub sign_key: &'a Path,
 }
 
+/// The brokers as they are reached: one given without a port is on 8883
+/// with TLS, 1883 without ([`Brokers::with_tls`]), and said so.
+fn reached(o: &Options<'_>) -> Brokers {
+    o.broker.clone().with_tls(o.tls.is_some())
+}
+
 /// Sends a signed `quarantine_release` and waits for the host's ack.
 pub async fn run(o: Options<'_>) -> Result<()> {
     use loopwarden_protocol::{CommandAuth, Frame, GpuIndex, QuarantineRelease, Text};
@@ -279,7 +285,8 @@ pub async fn run(o: Options<'_>) -> Result<()> {
     make_state_dir(&states)?;
     let seq_file = seq_path(&states, &key);
     let ack_topic = Topic::new(&site, Role::Host, &host, Family::Ack);
-    let mut config = BusConfig::new(o.broker.clone(), site.clone(), me.clone());
+    let broker = reached(&o);
+    let mut config = BusConfig::new(broker.clone(), site.clone(), me.clone());
     config.client_id = crate::client_id(&format!("release-{}", me.id));
     config.tls = o.tls;
     config.subscriptions.push(ack_topic.to_string());
@@ -293,7 +300,7 @@ pub async fn run(o: Options<'_>) -> Result<()> {
         task.join(Duration::from_secs(2)).await;
     };
     if !bus.wait_connected(Duration::from_secs(10)).await {
-        bail!("cannot reach the broker at {}", o.broker);
+        bail!("cannot reach the broker at {broker}");
     }
     // Signed with a clock far from the host's, the release is refused as
     // expired, and one stamped ahead moves the host's floor for this
@@ -478,6 +485,41 @@ mod tests {
             "{e}"
         );
         assert!(tls("ops1").check_identity("operator", "ops1").is_ok());
+    }
+
+    /// A broker given without a port is reached, and named, on 8883 with
+    /// TLS; a port given is kept.
+    #[test]
+    fn the_broker_is_named_on_the_port_it_is_reached_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        loopwarden_bus::pki::init(&loopwarden_bus::pki::InitArgs {
+            site: "lab".into(),
+            hosts: vec!["h01".into()],
+            cdus: vec!["cdu1".into()],
+            operators: vec!["ops1".into()],
+            readers: Vec::new(),
+            out: pki.clone(),
+            broker_port: 8883,
+        })
+        .unwrap();
+        let files = loopwarden_bus::tls::TlsFiles::of_identity(&pki, "ops1");
+        let tls = loopwarden_bus::tls::Tls::load(files).unwrap();
+        let at = |broker: &str, tls: Option<&loopwarden_bus::tls::Tls>| {
+            reached(&Options {
+                broker: broker.parse().unwrap(),
+                tls: tls.cloned(),
+                site: "lab",
+                host: "h01",
+                gpu: 0,
+                note: "fan replaced",
+                sign_key: Path::new("ops1.sign.key"),
+            })
+            .to_string()
+        };
+        assert_eq!(at("b.hall", Some(&tls)), "b.hall:8883");
+        assert_eq!(at("b.hall", None), "b.hall:1883");
+        assert_eq!(at("b.hall:1884", Some(&tls)), "b.hall:1884");
     }
 
     #[test]

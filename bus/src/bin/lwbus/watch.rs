@@ -98,12 +98,18 @@ fn line(msg: &Inbound, json: bool, resent: bool) -> String {
 /// Frames kept for the terminal (the retained frames of 8,000 nodes).
 const INBOUND_CAPACITY: usize = 16_384;
 
+/// The brokers as they are reached: one given without a port is on 8883
+/// with TLS, 1883 without ([`Brokers::with_tls`]), and said so.
+fn reached(o: &Options) -> Brokers {
+    o.broker.clone().with_tls(o.tls.is_some())
+}
+
 fn start(o: &Options) -> Result<(Bus, tokio::sync::mpsc::Receiver<Inbound>)> {
     let node = match &o.key {
         Some(k) => k.node.clone(),
         None => NodeId::new(Role::Operator, "lwbus-watch")?,
     };
-    let mut config = BusConfig::new(o.broker.clone(), o.site.clone(), node);
+    let mut config = BusConfig::new(reached(o), o.site.clone(), node);
     config.tls = o.tls.clone();
     config.client_id = crate::client_id("watch");
     config.subscriptions.push(site_filter(&o.site));
@@ -171,11 +177,12 @@ pub async fn run(o: Options) -> Result<()> {
         None => eprintln!("lwbus: gaps are not repaired without --sign-key (a reader's key)"),
     }
     if !bus.wait_connected(Duration::from_secs(10)).await {
-        eprintln!("lwbus: not connected to {} yet; still trying", o.broker);
+        eprintln!("lwbus: not connected to {} yet; still trying", reached(&o));
     }
     eprintln!(
         "lwbus: watching site {} on {} (Ctrl-C to stop)",
-        o.site, o.broker
+        o.site,
+        reached(&o)
     );
     let mut repair = o.key.as_ref().map(|k| Repair::new(k.node.clone()));
     let mut dropped = 0;
@@ -295,6 +302,13 @@ mod tests {
         );
         assert!(check_identity(&options("bms1", Some("bms1"))).is_ok());
         assert!(check_identity(&options("bms2", None)).is_ok());
+        // The broker, given without a port, is reached and named on 8883.
+        assert_eq!(reached(&options("bms1", None)).to_string(), "b.hall:8883");
+        let plain = Options {
+            tls: None,
+            ..options("bms1", None)
+        };
+        assert_eq!(reached(&plain).to_string(), "b.hall:1883");
     }
 
     #[test]
