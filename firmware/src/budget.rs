@@ -301,6 +301,9 @@ mod tests {
             self.sent.push(r.name);
             Ok(())
         }
+        fn may_have_taken(_: &&'static str) -> bool {
+            false
+        }
         fn time_left(&mut self) -> bool {
             self.budget.transaction_fits(self.now)
         }

@@ -869,6 +869,9 @@ mod tests {
             }
             Ok(())
         }
+        fn may_have_taken(_: &String) -> bool {
+            false
+        }
         fn time_left(&mut self) -> bool {
             self.budget > 0
         }

@@ -602,6 +602,10 @@ impl SettingPort for RtuPort<'_> {
         self.cdu.write(r, words)
     }
 
+    fn may_have_taken(e: &rtu::RtuError) -> bool {
+        e.may_have_taken()
+    }
+
     fn time_left(&mut self) -> bool {
         self.budget.transaction_fits(clock::now_us())
     }

@@ -7,7 +7,7 @@
 //! was due went in, and no safety setting is read back not held:
 //! [`crate::read_back`]), its counter cycled through the register's range
 //! ([`Register::heartbeat`], as Linux writes it; the count moves only
-//! with a heartbeat that went out); a write that fails never holds back
+//! with a heartbeat that may have gone in); a write that fails never holds back
 //! the next, and one the step has no time left for is not sent. What became of each
 //! goes back to the decision path as an [`Outcome`].
 //!
@@ -28,6 +28,11 @@ pub trait SettingPort {
     type Error: fmt::Display;
     /// Writes `words` to `r`.
     fn write(&mut self, r: &Register, words: &[u16]) -> Result<(), Self::Error>;
+    /// Whether a write that failed with `e` may still have gone in: the
+    /// request went out and no answer said it was refused (no answer, a
+    /// garbled one). A request not sent, or one the CDU refused with an
+    /// exception, was not taken.
+    fn may_have_taken(e: &Self::Error) -> bool;
     /// Whether the step has time left for another transaction, at its
     /// least ([`crate::budget`]).
     fn time_left(&mut self) -> bool;
@@ -72,8 +77,9 @@ impl<E: fmt::Display> fmt::Display for WriteFailure<E> {
 /// Writes `plan` through `port`, in order, each write on its own; the
 /// heartbeat withheld after a safety write that failed, and while
 /// `unheld` (a safety setting read back not held, none read held since).
-/// The outcome says whether the heartbeat went out on the line
-/// ([`Outcome::heartbeat_sent`]): the decision path counts only those.
+/// The outcome says whether the heartbeat may have gone in
+/// ([`Outcome::heartbeat_sent`]: taken, or sent and not answered): the
+/// decision path counts only those.
 pub fn execute<P: SettingPort>(port: &mut P, plan: &Plan, unheld: bool) -> Outcome {
     let mut outcome = Outcome::default();
     for w in &plan.writes {
@@ -84,9 +90,14 @@ pub fn execute<P: SettingPort>(port: &mut P, plan: &Plan, unheld: bool) -> Outco
         } else {
             write_one(port, w.setting, w.value)
         };
-        // On the line, whatever its answer: the next heartbeat is one past it.
-        let on_line = matches!(r, Ok(()) | Err(WriteFailure::Port(_)));
-        outcome.heartbeat_sent |= w.setting == Setting::Heartbeat && on_line;
+        // Taken, or may have gone in: the next heartbeat is one past it.
+        // One refused or not sent was not taken: the next is it again.
+        let may_be_in = match &r {
+            Ok(()) => true,
+            Err(WriteFailure::Port(e)) => P::may_have_taken(e),
+            Err(_) => false,
+        };
+        outcome.heartbeat_sent |= w.setting == Setting::Heartbeat && may_be_in;
         outcome.record(w.setting, r);
     }
     outcome
@@ -134,6 +145,8 @@ mod tests {
     /// transactions of time.
     struct Script {
         refuse: &'static [&'static str],
+        /// Registers whose write goes out and is never answered.
+        silent: &'static [&'static str],
         budget: usize,
         written: Vec<(&'static str, Vec<u16>)>,
     }
@@ -145,8 +158,14 @@ mod tests {
             if self.refuse.contains(&r.name) {
                 return Err(std::format!("{}: exception 4", r.name));
             }
+            if self.silent.contains(&r.name) {
+                return Err(std::format!("{}: no answer", r.name));
+            }
             self.written.push((r.name, words.to_vec()));
             Ok(())
+        }
+        fn may_have_taken(e: &String) -> bool {
+            e.contains("no answer")
         }
         fn time_left(&mut self) -> bool {
             self.budget > 0
@@ -171,6 +190,7 @@ mod tests {
     fn each_setting_goes_to_its_register_in_order() {
         let mut cdu = Script {
             refuse: &[],
+            silent: &[],
             budget: 10,
             written: Vec::new(),
         };
@@ -196,6 +216,7 @@ mod tests {
     fn a_refused_safety_write_withholds_the_heartbeat_only() {
         let mut cdu = Script {
             refuse: &["pumps_run"],
+            silent: &[],
             budget: 10,
             written: Vec::new(),
         };
@@ -225,13 +246,22 @@ mod tests {
         let sent = |refuse: &'static [&'static str], budget: usize, unheld: bool| {
             let mut cdu = Script {
                 refuse,
+                silent: &[],
                 budget,
                 written: Vec::new(),
             };
             execute(&mut cdu, &plan(), unheld).heartbeat_sent
         };
         assert!(sent(&[], 10, false), "taken");
-        assert!(sent(&["heartbeat"], 10, false), "sent, refused");
+        assert!(!sent(&["heartbeat"], 10, false), "refused: not taken");
+        let mut silent = Script {
+            refuse: &[],
+            silent: &["heartbeat"],
+            budget: 10,
+            written: Vec::new(),
+        };
+        let unanswered = execute(&mut silent, &plan(), false);
+        assert!(unanswered.heartbeat_sent, "unanswered: it may have gone in");
         assert!(!sent(&["valves_open"], 10, false), "valves failed");
         assert!(!sent(&[], 10, true), "withheld: a setting not held");
         assert!(!sent(&[], 3, false), "no time left for it");
@@ -241,6 +271,7 @@ mod tests {
     fn a_write_with_no_time_left_is_not_sent() {
         let mut cdu = Script {
             refuse: &[],
+            silent: &[],
             budget: 2,
             written: Vec::new(),
         };
@@ -262,6 +293,7 @@ mod tests {
         };
         let mut cdu = Script {
             refuse: &[],
+            silent: &[],
             budget: 10,
             written: Vec::new(),
         };
@@ -281,6 +313,7 @@ mod tests {
         p.writes[5].value = 50.0;
         let mut cdu = Script {
             refuse: &[],
+            silent: &[],
             budget: 10,
             written: Vec::new(),
         };

@@ -1,8 +1,9 @@
-//! The heartbeat's count moves only with a heartbeat that went out on
-//! the line (`Outcome::heartbeat_sent`): one withheld after a safety
-//! write failed, or not tried after a write the CDU did not answer,
-//! leaves it, so the next differs from the last one sent even in a
-//! register of two values (0 to 1: the count mod 2 is written).
+//! The heartbeat's count moves only with a heartbeat that may have gone
+//! in (`Outcome::heartbeat_sent`: taken, or unanswered): one withheld
+//! after a safety write failed, not tried after a write the CDU did not
+//! answer, or refused by the CDU leaves it, so the next differs from the
+//! last one the CDU may hold even in a register of two values (0 to 1:
+//! the count mod 2 is written).
 use super::scripted::{measured, started, step, Script};
 use super::*;
 use crate::modbus::CduError;
@@ -16,6 +17,7 @@ struct Toggle {
     refuse_valves: Vec<u64>,
     valves_unanswered: Vec<u64>,
     beat_unanswered: Vec<u64>,
+    beat_refused: Vec<u64>,
     sent: Vec<(u64, f64)>,
 }
 
@@ -35,6 +37,14 @@ impl Script for Toggle {
             self.sent.push((self.step, w.value));
             if self.beat_unanswered.contains(&self.step) {
                 return Err(CduError::NoAnswer { op, after_ms: 500 });
+            }
+            if self.beat_refused.contains(&self.step) {
+                let meaning = crate::modbus::exception_meaning(6);
+                return Err(CduError::Refused {
+                    op,
+                    code: 6,
+                    meaning,
+                });
             }
         }
         if valves && self.valves_unanswered.contains(&self.step) {
@@ -79,4 +89,25 @@ fn a_heartbeat_withheld_or_not_tried_is_not_counted_one_unanswered_is() {
     assert_eq!(counts, [1.0, 2.0, 3.0, 4.0]);
     let toggled: Vec<f64> = counts.iter().map(|c| c % 2.0).collect();
     assert!(toggled.windows(2).all(|w| w[0] != w[1]), "{toggled:?}");
+}
+
+/// A heartbeat the CDU refused (an exception) was not taken: the next is
+/// the same count again, so it differs from the one the CDU holds.
+#[test]
+fn a_heartbeat_the_cdu_refused_is_not_counted() {
+    let cdu = Toggle {
+        beat_refused: vec![2],
+        ..Toggle::default()
+    };
+    let (sent, said_sent) = run_steps(cdu);
+    let steps: Vec<u64> = sent.iter().map(|(s, _)| *s).collect();
+    assert_eq!(steps, [1, 2, 3, 4, 5, 6, 7]);
+    assert!(!said_sent[2], "the refused one is not counted");
+    let counts: Vec<f64> = sent.iter().map(|(_, c)| *c).collect();
+    assert_eq!(counts, [1.0, 2.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    // What the CDU holds, then what each next write sends: never equal.
+    let held_then_next = [(1.0, 2.0), (1.0, 2.0), (2.0, 3.0)];
+    for (held, next) in held_then_next {
+        assert_ne!(held % 2.0, next % 2.0);
+    }
 }

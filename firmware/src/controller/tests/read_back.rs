@@ -53,6 +53,9 @@ impl SettingPort for Echoes {
         }
         Ok(())
     }
+    fn may_have_taken(_: &String) -> bool {
+        false
+    }
     fn time_left(&mut self) -> bool {
         true
     }
