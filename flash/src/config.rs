@@ -8,6 +8,9 @@
 //! - *sequence floor*: the lowest frame sequence number a restarted agent
 //!   may use; reserved in blocks so the flash is written once per block,
 //!   not once per frame.
+//! - *damaged sector*: one whose bytes were lost whole (zeroed, garbage),
+//!   found by [`damaged_sectors`] (see `damage`): the store below reads
+//!   older copies of what it held, without an error.
 
 use core::ops::Range;
 
@@ -16,6 +19,9 @@ use sequential_storage::cache::{Cache, Uncached};
 use sequential_storage::map::{MapConfig, MapConfigError, MapStorage};
 
 use crate::error::StoreError;
+
+mod damage;
+pub use damage::{damaged_sectors, DamagedSector, DamagedSectors, DAMAGE_KEY, MAX_DAMAGED};
 
 /// Longest key, in bytes.
 pub const MAX_KEY: usize = 32;

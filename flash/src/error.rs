@@ -27,6 +27,13 @@ pub enum StoreError<E> {
         /// The flash's error.
         error: E,
     },
+    /// Reading a sector, to check it, failed.
+    Read {
+        /// The sector's address.
+        at: u32,
+        /// The flash's error.
+        error: E,
+    },
 }
 
 impl<E> From<sequential_storage::Error<E>> for StoreError<E> {
@@ -58,6 +65,9 @@ impl<E: fmt::Display> fmt::Display for StoreError<E> {
                 f,
                 "flash store corrupted; erasing its damaged sector at {at:#x} failed: {error}"
             ),
+            StoreError::Read { at, error } => {
+                write!(f, "reading the flash sector at {at:#x} failed: {error}")
+            }
         }
     }
 }

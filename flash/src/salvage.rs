@@ -17,7 +17,8 @@
 //!
 //! Glossary:
 //! - *salvage*: erasing the damaged sector so that the rest opens.
-//! - *trial*: reading the queue as if one sector were erased.
+//! - *trial*: reading the queue as if one sector were erased (or, for the
+//!   config store's check, as if all but one were: `config::damage`).
 
 use core::ops::Range;
 
@@ -115,12 +116,21 @@ async fn tally<F: NorFlash>(
 /// erase a sector it finds holding nothing live as it reads; that is
 /// taken as done (read erased from then on). It never writes while it
 /// reads; a write is refused.
-struct Trial<'f, S> {
+pub(crate) struct Trial<'f, S> {
     flash: &'f mut S,
     erased: heapless::Vec<Range<u32>, 4>,
 }
 
 impl<'f, S> Trial<'f, S> {
+    /// `range` of `flash` read with only `sector` as it is, the rest of
+    /// `range` as erased.
+    pub(crate) fn only(flash: &'f mut S, range: Range<u32>, sector: Range<u32>) -> Self {
+        let mut erased = heapless::Vec::new();
+        let _ = erased.push(range.start..sector.start);
+        let _ = erased.push(sector.end..range.end);
+        Self { flash, erased }
+    }
+
     fn new(flash: &'f mut S, sector: Range<u32>) -> Self {
         let mut erased = heapless::Vec::new();
         let _ = erased.push(sector);
@@ -130,7 +140,7 @@ impl<'f, S> Trial<'f, S> {
 
 /// Why a trial's flash failed.
 #[derive(Debug)]
-enum TrialError<E> {
+pub(crate) enum TrialError<E> {
     /// The flash itself.
     Flash(E),
     /// The store wrote, or erased more than a trial keeps.

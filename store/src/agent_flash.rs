@@ -28,7 +28,10 @@
 //! the error names that case too. The start that finds the store lost
 //! marks it so ([`LOST_MARK_KEY`]) before it writes the floor, and the
 //! store reads lost at every start until the agent clears the mark
-//! ([`clear_lost`]) once what it recovered is kept again. A store that
+//! ([`clear_lost`]) once what it recovered is kept again. A sector of
+//! the store damaged whole (zeroed, garbage), through which the store
+//! would read older copies without an error, reads it as lost too, said
+//! naming the sector, once (`damaged_config`). A store that
 //! does not read at all (the storage finds it corrupted: a file of zeros
 //! made by `fallocate`, blocks zeroed by damage) runs in memory, said as
 //! an error naming the file and the remedy, the file left as it was: the
@@ -45,7 +48,8 @@
 //! - *sequence floor*: the first sequence number not yet reserved; the
 //!   bus's counter stays below it.
 //! - *config store lost*: a flash that holds records but no sequence
-//!   floor, or one whose *lost mark* is set.
+//!   floor, one with a config sector damaged whole not found before, or
+//!   one whose *lost mark* is set.
 //! - *lost mark*: the config value [`LOST_MARK_KEY`], set when the store
 //!   is found lost, cleared when what was recovered is kept.
 
@@ -63,6 +67,8 @@ use loopwarden_flash::{
 
 use crate::recorder::Recorder;
 use crate::Publisher;
+
+mod damaged_config;
 
 /// Word size of the agent flash, bytes.
 pub const WORD: usize = 4;
@@ -459,7 +465,8 @@ fn unreadable_message(name: &str, what: &str, e: &str) -> String {
 
 /// The config store of `flash` (the flash `name`, `blank` as
 /// [`blank`] found it), and whether it is lost ([`lost`]): holding no
-/// floor, though the flash is not blank; or not reading at all (the
+/// floor, though the flash is not blank; a sector of it damaged whole,
+/// not found before ([`damaged_config`]); or not reading at all (the
 /// storage finds it corrupted), then read as lost, in memory (said).
 async fn config_store(
     flash: &Flash,
@@ -471,12 +478,16 @@ async fn config_store(
     let mut store =
         ConfigStore::open(flash.clone(), range.clone()).map_err(flash_err("config store"))?;
     let mut b = [0u8; 4];
+    let mut damage = None;
     let found = match store.get(SEQ_FLOOR_KEY, &mut b).await {
         Ok(floor) => {
             let found = floor.is_none() && !blank;
             if found {
                 tracing::error!("{}", config_lost_message(name));
             }
+            let sectors = damaged_config::check(flash, &mut store, name, range.clone()).await;
+            let found = found || sectors.lost();
+            damage = Some(sectors);
             found
         }
         Err(e) => {
@@ -488,6 +499,9 @@ async fn config_store(
         }
     };
     let lost = lost(&mut store, name, found).await;
+    if let Some(damage) = damage {
+        damaged_config::note(&mut store, name, &damage).await;
+    }
     Ok((store, lost))
 }
 
