@@ -106,7 +106,9 @@ impl<S: MultiwriteNorFlash> ConfigStore<S> {
     /// Reserves `block` frame sequence numbers: returns the first, and
     /// stores the floor after the block before returning, so a restart (or
     /// a power cut) never hands out a number twice. Call it at start and
-    /// again each time the block is used up.
+    /// again each time the block is used up. A block that would pass
+    /// `u32::MAX` is [`StoreError::SeqExhausted`]: numbers never go down,
+    /// so none is given.
     pub async fn reserve_seq(&mut self, block: u32) -> Result<u32, StoreError<S::Error>> {
         let mut b = [0u8; 4];
         let floor = match self.get(SEQ_FLOOR_KEY, &mut b).await? {
@@ -114,7 +116,7 @@ impl<S: MultiwriteNorFlash> ConfigStore<S> {
             Some(_) => return Err(StoreError::BadValue),
             None => 0,
         };
-        let next = floor.checked_add(block).ok_or(StoreError::BadValue)?;
+        let next = (floor.checked_add(block)).ok_or(StoreError::SeqExhausted { floor, block })?;
         self.set(SEQ_FLOOR_KEY, &next.to_le_bytes()).await?;
         Ok(floor)
     }

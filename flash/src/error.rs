@@ -27,6 +27,14 @@ pub enum StoreError<E> {
         /// The flash's error.
         error: E,
     },
+    /// Sequence numbers used up: a block reserved from the floor kept
+    /// would pass `u32::MAX`, the highest number a frame carries.
+    SeqExhausted {
+        /// The floor kept.
+        floor: u32,
+        /// The block asked for.
+        block: u32,
+    },
     /// Reading a sector, to check it, failed.
     Read {
         /// The sector's address.
@@ -64,6 +72,11 @@ impl<E: fmt::Display> fmt::Display for StoreError<E> {
             StoreError::Erase { at, error } => write!(
                 f,
                 "flash store corrupted; erasing its damaged sector at {at:#x} failed: {error}"
+            ),
+            StoreError::SeqExhausted { floor, block } => write!(
+                f,
+                "sequence numbers used up: the floor kept is {floor}, and {block} more would pass {}, the highest a frame carries; numbers never go down, so none is given: a new numbering must start below it (docs/flash.md section 5)",
+                u32::MAX
             ),
             StoreError::Read { at, error } => {
                 write!(f, "reading the flash sector at {at:#x} failed: {error}")

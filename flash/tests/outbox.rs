@@ -213,6 +213,31 @@ fn config_keeps_values_and_sequence_reservations_only_rise() {
     });
 }
 
+/// A floor within a block of the top: the reservation says the numbers
+/// are used up, naming the floor and what to do, not a bad value; the
+/// floor stays where it was, and a block that fits is still given.
+#[test]
+fn a_reservation_past_the_last_number_says_the_numbers_are_used_up() {
+    block_on(async {
+        let mut c = ConfigStore::open(Flash::new(2), 0..2048).unwrap();
+        let floor = u32::MAX - 5;
+        c.raise_seq_floor(floor).await.unwrap();
+        let e = c.reserve_seq(10).await.unwrap_err();
+        assert!(
+            matches!(e, StoreError::SeqExhausted { floor: f, block: 10 } if f == floor),
+            "{e:?}"
+        );
+        let said = e.to_string();
+        assert!(
+            said.starts_with("sequence numbers used up: the floor kept is 4294967290")
+                && said.contains("a new numbering")
+                && !said.contains("unexpected size"),
+            "{said}"
+        );
+        assert_eq!(c.reserve_seq(5).await.unwrap(), floor, "5 still fit");
+    });
+}
+
 /// Fills the telemetry part until it recycled; returns the outbox and the
 /// number of the newest telemetry entry.
 async fn telemetry_recycled() -> (Outbox<Flash>, u32) {

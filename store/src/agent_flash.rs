@@ -41,7 +41,10 @@
 //! not read is passed over while the others work: each said as an error.
 //! A file the disk refuses to write at start (the floor's write fails:
 //! EIO, ENOSPC, EDQUOT) is run from a copy in memory, as one on a
-//! read-only file system is, said as an error.
+//! read-only file system is, said as an error. A floor that leaves no
+//! block below `u32::MAX` (numbers used up: [`StoreError::SeqExhausted`])
+//! refuses the start, saying what a new numbering costs and how to start
+//! one, not blaming the disk.
 //!
 //! Glossary:
 //! - *agent flash*: the one flash image an agent's stores share.
@@ -171,9 +174,13 @@ const CLOCK_SEQ_MAX: u32 = u32::MAX - 10_000 * SEQ_BLOCK;
 
 /// The sequence floor the clock at `clock_ms` gives: ten numbers a second
 /// since [`SEQ_EPOCH_MS`], from [`CLOCK_FLOOR_MS`] at the earliest. `None`
-/// for a clock past what the numbers hold (2038, or a clock far ahead):
-/// it raises nothing, so that no start is ever refused for want of
-/// numbers.
+/// for a clock past what the numbers hold (2038-04-15, or a clock far
+/// ahead): it raises nothing, so the clock alone never uses the numbers
+/// up. A clock set ahead but before that raises the floor as far, for
+/// good: the step is not bounded, since a floor far below the clock is
+/// what a file from a backup, or a unit off for long, holds, and the
+/// raise is for them. A floor left with no block below `u32::MAX`
+/// refuses the start ([`used_up_message`]).
 fn clock_seq(clock_ms: u64) -> Option<u32> {
     let from = clock_ms.max(CLOCK_FLOOR_MS).saturating_sub(SEQ_EPOCH_MS) / 100;
     u32::try_from(from).ok().filter(|&f| f <= CLOCK_SEQ_MAX)
@@ -417,17 +424,22 @@ async fn open_image(
         copy,
     ) {
         (Ok(first), _) => (flash, store, first, config_lost),
+        (Err(StoreError::SeqExhausted { floor, .. }), _) => {
+            return Err(used_up_message(&name, floor))
+        }
         (Err(e), Some(copy)) => {
+            let e = flash_err("sequence reservation")(e);
             tracing::error!(
                 "{name}: {e}: the disk refuses writes (full, over quota, failing? check `df` and `dmesg`): running on a copy of the flash in memory; what was kept before is read, what is kept from now on is lost at exit; sequence numbers start from the clock; free or repair the disk and restart"
             );
             drop((store, flash));
             let flash = SharedFlash::new(copy()?);
             let (mut store, lost) = config_store(&flash, &board, &name, blank).await?;
-            let first = reserve(&mut store, clock, path).await?;
+            let first = (reserve(&mut store, clock, path).await)
+                .map_err(flash_err("sequence reservation"))?;
             (flash, store, first, config_lost || lost)
         }
-        (Err(e), None) => return Err(e),
+        (Err(e), None) => return Err(flash_err("sequence reservation")(e)),
     };
     let (log, outbox) = log_and_outbox(&flash, &board, &name).await?;
     Ok(Stores {
@@ -512,15 +524,15 @@ async fn reserve(
     store: &mut ConfigStore<Flash>,
     clock: u64,
     path: Option<&Path>,
-) -> Result<u32, String> {
+) -> Result<u32, StoreError<FlashError>> {
     if clock < CLOCK_FLOOR_MS {
         tracing::error!(
             "the clock reads {clock} ms since 1970, before 2026-12-01: it is not set (check timedatectl); frames are stamped wrong and refused as expired, and where this flash's floor is older than what hosts saw from this agent (a file from a backup, or none) they refuse its frames as replays too; restart it with the clock right"
         );
     }
     // A clock past what its numbers hold (2038, or far ahead) raises a
-    // file's floor no further, so no start is ever refused for want of
-    // numbers; memory, with no floor of its own, starts as high as the
+    // file's floor no further, so the clock alone never uses the numbers
+    // up; memory, with no floor of its own, starts as high as the
     // clock's go.
     let from_clock = match (clock_seq(clock), path) {
         (Some(n), _) => Some(n),
@@ -533,15 +545,20 @@ async fn reserve(
         }
     };
     if let Some(n) = from_clock {
-        store
-            .raise_seq_floor(n)
-            .await
-            .map_err(flash_err("sequence reservation"))?;
+        store.raise_seq_floor(n).await?;
     }
-    store
-        .reserve_seq(SEQ_BLOCK)
-        .await
-        .map_err(flash_err("sequence reservation"))
+    store.reserve_seq(SEQ_BLOCK).await
+}
+
+/// The error said when the flash `name`'s floor (`floor`) leaves no
+/// block below `u32::MAX` ([`StoreError::SeqExhausted`]): the start is
+/// refused, for numbering again from below, unasked, would give numbers
+/// receivers have seen; what a new numbering costs and how to start one.
+fn used_up_message(name: &str, floor: u32) -> String {
+    format!(
+        "{name}: sequence numbers used up: the floor kept is {floor}, and a block of {SEQ_BLOCK} more would pass {}, the highest a frame carries (numbers rise ten a second with the clock until 2038-04-15, then by the frames sent; one start with the clock set years ahead raises the floor near the top for good); numbers never go down, so the agent does not start. A new numbering must start below: readers take a sender's commands, states and resend requests by their stamp as well as their number (one stamped after the latest taken is no replay, whatever its number), so it is taken, with the clock right; a reader that holds only a number of this agent (a floor an earlier version kept, or one that only ever saw its commands stale) refuses its commands as replays until a fresh one above that number comes. To start one: stop here, read what the file keeps (`lwbus flash {name}`), drain every GPU it shows quarantined and note the leases in force, then move the file away: the next start makes a new one, numbering from the clock's floor (from 0 past 2038-04-15), and keeps nothing of before (event log, GPU health, latched state)",
+        u32::MAX
+    )
 }
 
 /// The event log and the outbox of `flash` (the flash `name`); one that
@@ -1097,6 +1114,49 @@ mod tests {
         let kind = loopwarden_protocol::MessageKind::Event as u8;
         let time = loopwarden_protocol::TimestampMs(1_800_000_000_000);
         futures::executor::block_on(s.log.append(time, kind, &[1, 2])).unwrap();
+    }
+
+    /// A floor within a block of the top (a clock once set far ahead
+    /// raised it): the start is refused saying the numbers are used up
+    /// and what to do, not blaming the disk, and no copy in memory is
+    /// tried.
+    #[test]
+    fn a_floor_at_the_top_refuses_the_start_as_numbers_used_up_not_the_disk() {
+        let mut kept = open(None).unwrap();
+        let top = (u32::MAX - 5).to_le_bytes();
+        futures::executor::block_on(kept.store.set(SEQ_FLOOR_KEY, &top)).unwrap();
+        let mut bytes = Vec::new();
+        kept.store.into_flash().with(|f| {
+            let AgentFlash::Memory(m) = f else {
+                panic!("a memory flash")
+            };
+            bytes = m.bytes_mut().to_vec();
+        });
+        let copied = std::cell::Cell::new(false);
+        let copy = || {
+            copied.set(true);
+            Ok(AgentFlash::Memory(SimFlash::from_bytes(bytes.clone())))
+        };
+        let path = Path::new("/var/lib/loopwarden/top.flash");
+        let opened = open_image(
+            AgentFlash::Memory(SimFlash::from_bytes(bytes.clone())),
+            Some(path),
+            false,
+            clock_ms(),
+            Some(copy),
+        );
+        let e = futures::executor::block_on(opened).err().expect("refused");
+        assert!(
+            !copied.get(),
+            "not run from a copy: the disk is not at fault"
+        );
+        assert!(
+            e.starts_with("/var/lib/loopwarden/top.flash: sequence numbers used up")
+                && e.contains("4294967290")
+                && e.contains("lwbus flash /var/lib/loopwarden/top.flash")
+                && !e.contains("disk"),
+            "{e}"
+        );
     }
 
     /// A controller's flash file made by a version that kept only its
