@@ -101,11 +101,10 @@ pub struct Decider {
     colder_at: [Option<u64>; MAX_HOSTS],
     limits: MapLimits,
     limiter: writes::Limiter,
-    /// The count of the last heartbeat that may have gone in (0: none
-    /// since the start); a plan writes the one past it. It moves only
-    /// then ([`Outcome::heartbeat_sent`]): one withheld or refused,
-    /// counted, would make the next equal the last the CDU holds in a
-    /// register of two values.
+    /// The count of the last heartbeat sent (0: none since the start); a
+    /// plan writes the one past it. It moves only when the heartbeat went
+    /// out ([`Outcome::heartbeat_sent`]): one withheld, counted, would
+    /// make the next equal the last sent in a register of two values.
     /// Wide enough never to wrap (a count of u16 wrapping to 0 wrote the
     /// same value twice in a range of 255 values, 65,535 = 255 × 257).
     heartbeat: u32,
@@ -470,8 +469,8 @@ impl Decider {
             .plan(c, valves, heartbeat, &self.limits, &mut self.events)
     }
 
-    /// Step 4: what the CDU took of the plan; the heartbeat, if it may
-    /// have gone in, counted ([`Outcome::heartbeat_sent`]).
+    /// Step 4: what the CDU took of the plan; the heartbeat, if it went
+    /// out, counted ([`Outcome::heartbeat_sent`]).
     pub fn written(&mut self, o: &Outcome) {
         self.taken = o.taken();
         if o.heartbeat_sent {

@@ -13,9 +13,8 @@
 //! - *safety writes*: the valves, the pumps to run and the lead pump.
 //! - *map limits*: the ranges the register map gives the writable
 //!   settings ([`MapLimits`]).
-//! - *heartbeat count*: the number of heartbeats that may have gone in
-//!   since the start; a step plans the one past the last of them
-//!   ([`Outcome::heartbeat_sent`]),
+//! - *heartbeat count*: the number of heartbeats sent since the start;
+//!   a step plans the one past the last sent ([`Outcome::heartbeat_sent`]),
 //!   the shell writes it within the register's range.
 //! - *unsure*: a write gone in on its echo alone that is not known taken
 //!   (the CDU did not take the setting's last write, and no read-back has
@@ -233,13 +232,13 @@ pub struct Outcome {
     /// it runs on its own control ([`cooling_core::Taken::heartbeat_held`];
     /// set on the step that found it, so the mode's change names it).
     pub heartbeat_held: bool,
-    /// The heartbeat's write may have gone in this step: taken, or sent
-    /// and not answered (one unanswered may have been taken). Only then
-    /// is the next heartbeat one past it: one withheld, not tried, or
-    /// refused by the CDU (an exception: not taken) leaves the count
-    /// where it was, so the next value still differs from the last one
-    /// the CDU may hold (a register of two values would otherwise read
-    /// the same heartbeat again).
+    /// The heartbeat's write went out on the line this step, whatever the
+    /// answer (taken, refused, or none: one unanswered may have been
+    /// taken; one refused, perhaps for its value, is not sent again).
+    /// Only then is the next heartbeat one past it: one withheld or not
+    /// sent leaves the count where it was, so the next value still
+    /// differs from the last one sent (a register of two values would
+    /// otherwise read the same heartbeat again after one withheld).
     pub heartbeat_sent: bool,
 }
 

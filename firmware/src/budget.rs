@@ -301,7 +301,7 @@ mod tests {
             self.sent.push(r.name);
             Ok(())
         }
-        fn may_have_taken(_: &&'static str) -> bool {
+        fn was_sent(_: &&'static str) -> bool {
             false
         }
         fn time_left(&mut self) -> bool {

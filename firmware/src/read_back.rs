@@ -869,8 +869,8 @@ mod tests {
             }
             Ok(())
         }
-        fn may_have_taken(_: &String) -> bool {
-            false
+        fn was_sent(_: &String) -> bool {
+            true
         }
         fn time_left(&mut self) -> bool {
             self.budget > 0

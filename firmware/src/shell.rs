@@ -602,8 +602,8 @@ impl SettingPort for RtuPort<'_> {
         self.cdu.write(r, words)
     }
 
-    fn may_have_taken(e: &rtu::RtuError) -> bool {
-        e.may_have_taken()
+    fn was_sent(e: &rtu::RtuError) -> bool {
+        e.was_sent()
     }
 
     fn time_left(&mut self) -> bool {

@@ -7,7 +7,7 @@
 //! was due went in, and no safety setting is read back not held:
 //! [`crate::read_back`]), its counter cycled through the register's range
 //! ([`Register::heartbeat`], as Linux writes it; the count moves only
-//! with a heartbeat that may have gone in); a write that fails never holds back
+//! with a heartbeat that went out on the line); a write that fails never holds back
 //! the next, and one the step has no time left for is not sent. What became of each
 //! goes back to the decision path as an [`Outcome`].
 //!
@@ -28,11 +28,10 @@ pub trait SettingPort {
     type Error: fmt::Display;
     /// Writes `words` to `r`.
     fn write(&mut self, r: &Register, words: &[u16]) -> Result<(), Self::Error>;
-    /// Whether a write that failed with `e` may still have gone in: the
-    /// request went out and no answer said it was refused (no answer, a
-    /// garbled one). A request not sent, or one the CDU refused with an
-    /// exception, was not taken.
-    fn may_have_taken(e: &Self::Error) -> bool;
+    /// Whether a write that failed with `e` went out on the line (the
+    /// CDU answered it, refused it, or did not answer); not when it was
+    /// never sent.
+    fn was_sent(e: &Self::Error) -> bool;
     /// Whether the step has time left for another transaction, at its
     /// least ([`crate::budget`]).
     fn time_left(&mut self) -> bool;
@@ -77,9 +76,8 @@ impl<E: fmt::Display> fmt::Display for WriteFailure<E> {
 /// Writes `plan` through `port`, in order, each write on its own; the
 /// heartbeat withheld after a safety write that failed, and while
 /// `unheld` (a safety setting read back not held, none read held since).
-/// The outcome says whether the heartbeat may have gone in
-/// ([`Outcome::heartbeat_sent`]: taken, or sent and not answered): the
-/// decision path counts only those.
+/// The outcome says whether the heartbeat went out on the line
+/// ([`Outcome::heartbeat_sent`]): the decision path counts only those.
 pub fn execute<P: SettingPort>(port: &mut P, plan: &Plan, unheld: bool) -> Outcome {
     let mut outcome = Outcome::default();
     for w in &plan.writes {
@@ -90,14 +88,15 @@ pub fn execute<P: SettingPort>(port: &mut P, plan: &Plan, unheld: bool) -> Outco
         } else {
             write_one(port, w.setting, w.value)
         };
-        // Taken, or may have gone in: the next heartbeat is one past it.
-        // One refused or not sent was not taken: the next is it again.
-        let may_be_in = match &r {
+        // On the line, whatever its answer: the next heartbeat is one past
+        // it (one unanswered may have gone in; one refused, perhaps for
+        // its value, is not sent again). One never sent does not count.
+        let on_line = match &r {
             Ok(()) => true,
-            Err(WriteFailure::Port(e)) => P::may_have_taken(e),
+            Err(WriteFailure::Port(e)) => P::was_sent(e),
             Err(_) => false,
         };
-        outcome.heartbeat_sent |= w.setting == Setting::Heartbeat && may_be_in;
+        outcome.heartbeat_sent |= w.setting == Setting::Heartbeat && on_line;
         outcome.record(w.setting, r);
     }
     outcome
@@ -145,8 +144,10 @@ mod tests {
     /// transactions of time.
     struct Script {
         refuse: &'static [&'static str],
-        /// Registers whose write goes out and is never answered.
+        /// Registers whose write goes out and is never answered, or, with
+        /// `busy`, is never sent (the line busy).
         silent: &'static [&'static str],
+        busy: bool,
         budget: usize,
         written: Vec<(&'static str, Vec<u16>)>,
     }
@@ -159,13 +160,14 @@ mod tests {
                 return Err(std::format!("{}: exception 4", r.name));
             }
             if self.silent.contains(&r.name) {
-                return Err(std::format!("{}: no answer", r.name));
+                let why = if self.busy { "line busy" } else { "no answer" };
+                return Err(std::format!("{}: {why}", r.name));
             }
             self.written.push((r.name, words.to_vec()));
             Ok(())
         }
-        fn may_have_taken(e: &String) -> bool {
-            e.contains("no answer")
+        fn was_sent(e: &String) -> bool {
+            e.contains("exception") || e.contains("no answer")
         }
         fn time_left(&mut self) -> bool {
             self.budget > 0
@@ -191,6 +193,7 @@ mod tests {
         let mut cdu = Script {
             refuse: &[],
             silent: &[],
+            busy: false,
             budget: 10,
             written: Vec::new(),
         };
@@ -217,6 +220,7 @@ mod tests {
         let mut cdu = Script {
             refuse: &["pumps_run"],
             silent: &[],
+            busy: false,
             budget: 10,
             written: Vec::new(),
         };
@@ -247,21 +251,26 @@ mod tests {
             let mut cdu = Script {
                 refuse,
                 silent: &[],
+                busy: false,
                 budget,
                 written: Vec::new(),
             };
             execute(&mut cdu, &plan(), unheld).heartbeat_sent
         };
         assert!(sent(&[], 10, false), "taken");
-        assert!(!sent(&["heartbeat"], 10, false), "refused: not taken");
-        let mut silent = Script {
-            refuse: &[],
-            silent: &["heartbeat"],
-            budget: 10,
-            written: Vec::new(),
+        assert!(sent(&["heartbeat"], 10, false), "sent, refused");
+        let line = |busy: bool| {
+            let mut silent = Script {
+                refuse: &[],
+                silent: &["heartbeat"],
+                busy,
+                budget: 10,
+                written: Vec::new(),
+            };
+            execute(&mut silent, &plan(), false).heartbeat_sent
         };
-        let unanswered = execute(&mut silent, &plan(), false);
-        assert!(unanswered.heartbeat_sent, "unanswered: it may have gone in");
+        assert!(line(false), "unanswered: it may have gone in");
+        assert!(!line(true), "the line busy: never sent");
         assert!(!sent(&["valves_open"], 10, false), "valves failed");
         assert!(!sent(&[], 10, true), "withheld: a setting not held");
         assert!(!sent(&[], 3, false), "no time left for it");
@@ -272,6 +281,7 @@ mod tests {
         let mut cdu = Script {
             refuse: &[],
             silent: &[],
+            busy: false,
             budget: 2,
             written: Vec::new(),
         };
@@ -294,6 +304,7 @@ mod tests {
         let mut cdu = Script {
             refuse: &[],
             silent: &[],
+            busy: false,
             budget: 10,
             written: Vec::new(),
         };
@@ -314,6 +325,7 @@ mod tests {
         let mut cdu = Script {
             refuse: &[],
             silent: &[],
+            busy: false,
             budget: 10,
             written: Vec::new(),
         };

@@ -258,8 +258,8 @@ impl<P: CduPort> Devices<P> {
     /// settings held or the bound has passed since the start, `now_ms`
     /// being the step's time ([`Devices::start`]; the valves and pumps
     /// are written at the first step as ever). The outcome says whether
-    /// the heartbeat may have gone in ([`Outcome::heartbeat_sent`]): one
-    /// withheld, not tried or refused by the CDU is not counted. A setting whose
+    /// the heartbeat went out ([`Outcome::heartbeat_sent`]): one withheld
+    /// or not tried is not counted. A setting whose
     /// last write did not go in stays not taken over a step whose
     /// read-back of it fails ([`Devices::not_taken`]). The first failure
     /// is counted, and logged whole once per change of its text.
@@ -289,13 +289,11 @@ impl<P: CduPort> Devices<P> {
             if !outcome.due(w) {
                 continue;
             }
-            let tried = held.is_none();
+            // Sent, whatever its answer: the next heartbeat is one past it
+            // (one unanswered may have gone in; one refused, perhaps for
+            // its value, is not sent again).
+            outcome.heartbeat_sent |= w.setting == Setting::Heartbeat && held.is_none();
             let r = self.write_one(w, &mut held).await;
-            // Taken, or unanswered (it may have gone in: `write_one` holds
-            // the rest back then): the next heartbeat is one past it. One
-            // the CDU refused was not taken, so the next is this one again.
-            let may_be_in = r.is_ok() || held.is_some();
-            outcome.heartbeat_sent |= w.setting == Setting::Heartbeat && tried && may_be_in;
             if let Err(e) = &r {
                 first.get_or_insert_with(|| format!("{}: {e}", w.setting.register()));
             }

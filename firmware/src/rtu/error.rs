@@ -173,18 +173,16 @@ pub enum RtuError {
 }
 
 impl RtuError {
-    /// Whether the request went out and no answer said it was refused, so
-    /// a write may still have gone in: no answer, a garbled or mismatched
-    /// one, a UART error while answering, or a gateway's exception 10 or
-    /// 11 (its own: the CDU's answer is unknown, as Linux reads it). A
-    /// request not sent, or one the CDU refused, was not taken.
-    pub fn may_have_taken(&self) -> bool {
+    /// Whether the request went out on the line, whatever came back (an
+    /// answer, an exception, garbage or nothing); not when the line was
+    /// busy or the step had no time left for it.
+    pub fn was_sent(&self) -> bool {
         match self {
             RtuError::NoAnswer { .. }
             | RtuError::Crc { .. }
+            | RtuError::Refused { .. }
             | RtuError::BadAnswer { .. }
             | RtuError::Serial { .. } => true,
-            RtuError::Refused { code, .. } => matches!(code, 10 | 11),
             RtuError::LineBusy { .. } | RtuError::OutOfTime { .. } => false,
         }
     }

@@ -1,9 +1,10 @@
-//! The heartbeat's count moves only with a heartbeat that may have gone
-//! in (`Outcome::heartbeat_sent`: taken, or unanswered): one withheld
-//! after a safety write failed, not tried after a write the CDU did not
-//! answer, or refused by the CDU leaves it, so the next differs from the
-//! last one the CDU may hold even in a register of two values (0 to 1:
-//! the count mod 2 is written).
+//! The heartbeat's count moves only with a heartbeat that went out on
+//! the line (`Outcome::heartbeat_sent`: taken, refused or unanswered):
+//! one withheld after a safety write failed, or not tried after a write
+//! the CDU did not answer, leaves it, so the next differs from the last
+//! one sent even in a register of two values (0 to 1: the count mod 2 is
+//! written); one refused is counted, so a value the CDU refuses is not
+//! sent again and again.
 use super::scripted::{measured, started, step, Script};
 use super::*;
 use crate::modbus::CduError;
@@ -18,6 +19,9 @@ struct Toggle {
     valves_unanswered: Vec<u64>,
     beat_unanswered: Vec<u64>,
     beat_refused: Vec<u64>,
+    /// With `beat_refused`: only counts that are a multiple of this are
+    /// refused at those steps.
+    refuse_count_multiple_of: Option<u64>,
     sent: Vec<(u64, f64)>,
 }
 
@@ -38,11 +42,14 @@ impl Script for Toggle {
             if self.beat_unanswered.contains(&self.step) {
                 return Err(CduError::NoAnswer { op, after_ms: 500 });
             }
-            if self.beat_refused.contains(&self.step) {
-                let meaning = crate::modbus::exception_meaning(6);
+            let refused_value = self
+                .refuse_count_multiple_of
+                .is_none_or(|m| (w.value as u64) % m == 0);
+            if self.beat_refused.contains(&self.step) && refused_value {
+                let meaning = crate::modbus::exception_meaning(3);
                 return Err(CduError::Refused {
                     op,
-                    code: 6,
+                    code: 3,
                     meaning,
                 });
             }
@@ -91,23 +98,20 @@ fn a_heartbeat_withheld_or_not_tried_is_not_counted_one_unanswered_is() {
     assert!(toggled.windows(2).all(|w| w[0] != w[1]), "{toggled:?}");
 }
 
-/// A heartbeat the CDU refused (an exception) was not taken: the next is
-/// the same count again, so it differs from the one the CDU holds.
+/// A heartbeat the CDU refused is counted: a CDU that refuses some
+/// values (here every count that is a multiple of 4, exception 3) gets
+/// the next value at the next step, never the refused one again.
 #[test]
-fn a_heartbeat_the_cdu_refused_is_not_counted() {
+fn a_heartbeat_the_cdu_refused_is_counted_so_a_refused_value_is_not_sent_again() {
     let cdu = Toggle {
-        beat_refused: vec![2],
+        beat_refused: (0..8).collect(),
+        refuse_count_multiple_of: Some(4),
         ..Toggle::default()
     };
     let (sent, said_sent) = run_steps(cdu);
-    let steps: Vec<u64> = sent.iter().map(|(s, _)| *s).collect();
-    assert_eq!(steps, [1, 2, 3, 4, 5, 6, 7]);
-    assert!(!said_sent[2], "the refused one is not counted");
     let counts: Vec<f64> = sent.iter().map(|(_, c)| *c).collect();
-    assert_eq!(counts, [1.0, 2.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-    // What the CDU holds, then what each next write sends: never equal.
-    let held_then_next = [(1.0, 2.0), (1.0, 2.0), (2.0, 3.0)];
-    for (held, next) in held_then_next {
-        assert_ne!(held % 2.0, next % 2.0);
-    }
+    // Step 0 waits for its read-back; every later step sends one.
+    assert_eq!(counts, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
+    assert!(said_sent[4], "the refused count 4 is counted");
+    assert!(counts.windows(2).all(|w| w[0] != w[1]), "{counts:?}");
 }

@@ -53,7 +53,7 @@ impl SettingPort for Echoes {
         }
         Ok(())
     }
-    fn may_have_taken(_: &String) -> bool {
+    fn was_sent(_: &String) -> bool {
         false
     }
     fn time_left(&mut self) -> bool {
