@@ -37,8 +37,9 @@
 //!   clear that passes every check in a step that wrote one before its
 //!   hearing is not acted on, and told why ([`StepKeep`]). A pump's clear while the CDU's pump
 //!   faults are not read (no answer since the start, or none at the last
-//!   step) is refused, as on Linux: whether the CDU still shows the fault
-//!   is unknown.
+//!   step), or while the pump's fault flag went unread in a read the CDU
+//!   answered in part (its request failed or was not asked), is refused,
+//!   as on Linux: whether the CDU still shows the fault is unknown.
 //!
 //! Glossary:
 //! - *heard*: the last time any good frame came from the gateway.
@@ -56,6 +57,7 @@ use cooling_decide::{Applied, Traced, Verdict};
 use super::wall::{Told, DRIFT_PPM};
 use super::{said_words, Controller, Ports, Said};
 use crate::clears::{Last, CLEAR_SKEW_MS};
+use crate::map;
 
 /// What the gateway link brought since the start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -453,14 +455,15 @@ impl Controller<'_> {
                 )
             }
             ClearAction::Pump(pump) => {
-                let Some(faults) = self.pump_faults else {
-                    self.link.clears_refused = self.link.clears_refused.saturating_add(1);
-                    p.say(format_args!("clear {id} of {who}: {what}: {NOT_READ}"));
-                    self.answer(p, id, Err(said_words(&format_args!("{what}: {NOT_READ}"))));
-                    return;
+                let fault_shown = match pump_fault(self.pump_faults, pump as usize) {
+                    Ok(shown) => shown,
+                    Err(why) => {
+                        self.link.clears_refused = self.link.clears_refused.saturating_add(1);
+                        p.say(format_args!("clear {id} of {who}: {what}: {why}"));
+                        self.answer(p, id, Err(said_words(&format_args!("{what}: {why}"))));
+                        return;
+                    }
                 };
-                // A map without the pump's fault bit cannot show it.
-                let fault_shown = faults[pump as usize].unwrap_or(false);
                 (Traced::ClearPump { pump, fault_shown }, None, Some(pump))
             }
         };
@@ -547,6 +550,53 @@ impl StepKeep {
 /// read (as the Linux controller says it, within an answer's words).
 const NOT_READ: &str =
     "not cleared: the CDU's pump fault has not been read (no answer since the start, or none now)";
+
+/// Why a pump's fault is not known to its clear.
+enum FaultUnknown {
+    /// The CDU did not answer the last step's read, or has not since the
+    /// start.
+    NotRead,
+    /// The CDU answered the last step's read, but the request holding
+    /// this fault flag (of the map built in, which has both: `NEEDED`)
+    /// failed or was not asked, said on the console by `reads`.
+    FlagUnread(&'static map::Register),
+}
+
+impl core::fmt::Display for FaultUnknown {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let flag = match self {
+            Self::NotRead => return f.write_str(NOT_READ),
+            Self::FlagUnread(flag) => flag,
+        };
+        write!(
+            f,
+            "not cleared: {} was not read this step: its read request failed or was not asked",
+            flag.name
+        )?;
+        let span = map::SPANS
+            .iter()
+            .find(|s| (s.registers.iter()).any(|&i| core::ptr::eq(&map::REGISTERS[i], *flag)));
+        if let Some(s) = span {
+            let end = u32::from(s.start) + u32::from(s.count).max(1) - 1;
+            write!(
+                f,
+                " (the console's line for read input {}-{end} says which)",
+                s.start
+            )?;
+        }
+        f.write_str(", so whether the CDU still shows the pump's fault is unknown")
+    }
+}
+
+/// The fault of pump `pump` (0: A) a clear is judged on, from the last
+/// step's fault flags (`faults`; `None`: the CDU did not answer): a flag
+/// that read no value is unknown, never "no fault shown", so the clear
+/// is refused (as on Linux, which names the failed request).
+fn pump_fault(faults: Option<[Option<bool>; 2]>, pump: usize) -> Result<bool, FaultUnknown> {
+    let faults = faults.ok_or(FaultUnknown::NotRead)?;
+    let flag = [map::PUMP_A_FAULT, map::PUMP_B_FAULT][pump % 2];
+    faults[pump % 2].ok_or(FaultUnknown::FlagUnread(flag))
+}
 
 /// Says, once at the first of a run, that the gateway's wall clock went
 /// back `back_ms` behind the high mark and this controller's is held

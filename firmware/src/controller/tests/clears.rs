@@ -504,3 +504,55 @@ fn a_clear_heard_in_a_step_whose_keep_failed_is_told_the_flash_fails() {
     let (answer, _) = heard_in_step(3, StepKeep::Wrote, |g| g.set(0, Last::Id(3)));
     assert!(answer.unwrap_err().contains("a replay"));
 }
+
+#[test]
+fn a_pump_clear_whose_fault_flag_went_unread_in_a_partial_read_is_refused_naming_the_read() {
+    let latched = cooling_core::Latched {
+        pumps: [Some(cooling_core::PumpFault::Tripped); 2],
+        ..Default::default()
+    };
+    let read: Result<Option<LatchRecord>, &str> = Ok(Some(LatchRecord {
+        generation: 1,
+        latched,
+    }));
+    let mut d = decider(&read);
+    let mut k = Box::new(LearnedKeeper::new());
+    let mut c = Controller::new(&mut d, ClearGate::new(Some("cdu1"), ring()), &mut k);
+    let p = &mut *Fake::new();
+    c.boot(p, hello(), Opening::of(&read));
+    hear(&mut c, p, &alive(0), 0);
+    let clear = |id, pump| Down::Clear(signed(id, "cdu1", NOW, ClearAction::Pump(pump), SEED));
+    // A read in part: the CDU answered, but pump A's fault flag read no
+    // value (its request failed), B's read clear.
+    let mut m = cdu(0b1111, 0);
+    m.pump_faults = [None, Some(false)];
+    step(&mut c, p, Some(m), 1);
+    assert_eq!(c.decider().core().pumps_failed(), [true, true]);
+    hear(&mut c, p, &clear(1, Pump::A), 1_000);
+    hear(&mut c, p, &clear(2, Pump::B), 1_000);
+    // A stays out of service: whether the CDU still shows its fault is
+    // unknown. B, read clear, is back.
+    assert_eq!(c.decider().core().pumps_failed(), [true, false]);
+    assert_eq!(c.link.clears_refused, 1);
+    let got = answers(p);
+    assert_eq!(got.len(), 2, "{got:?}");
+    // Answered within an answer's words, said whole on the console,
+    // naming the request that holds the flag.
+    let why = got[0].1.as_ref().unwrap_err();
+    assert_eq!(got[0].0, 1);
+    let unread = "pump A's fault: not cleared: pump_a_fault was not read this step: its read \
+                  request failed or was not asked";
+    assert!(why.starts_with(unread), "{why}");
+    let line = (p.lines.iter())
+        .find(|l| l.starts_with("clear 1 of jdoe: "))
+        .expect("said");
+    assert!(
+        line.contains(unread)
+            && line.contains("the console's line for read input 10-20 says which")
+            && line.ends_with("whether the CDU still shows the pump's fault is unknown"),
+        "{line}"
+    );
+    assert_eq!(got[1], (2, Ok(())));
+    let r = replay(&p.wire);
+    assert!(r.all_match(), "{:?}", r.first_mismatch);
+}
