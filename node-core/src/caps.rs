@@ -21,7 +21,8 @@
 //!   takes, shortened to its longest.
 
 use loopwarden_protocol::{
-    AckCode, CapLease, CapSource, DurationMs, GpuIndex, GpuSelector, NodeId, TimestampMs, Watts,
+    AckCode, CapLease, CapSource, DurationMs, GpuIndex, GpuSelector, NodeId, ReasonCode,
+    TimestampMs, Watts,
 };
 
 /// The settable range of one GPU, read from NVML (or the board) at start.
@@ -76,6 +77,8 @@ struct Held {
     from: NodeId,
     lease: u32,
     source: CapSource,
+    /// Why its sender caps (a cooling loss, capacity short, a budget).
+    reason: ReasonCode,
     /// Per GPU index: the cap this lease puts on it, if any.
     caps: Vec<Option<Watts>>,
     expires: TimestampMs,
@@ -125,6 +128,8 @@ pub struct LeaseView {
     pub lease: u32,
     /// On whose behalf.
     pub source: CapSource,
+    /// Why, as its sender said (`cooling-lost`: a rack's cooling loss).
+    pub reason: ReasonCode,
     /// When it lapses unless renewed.
     pub expires: TimestampMs,
     /// The caps it puts, per GPU index.
@@ -300,6 +305,7 @@ impl CapArbiter {
             from: from.clone(),
             lease: lease.lease,
             source: lease.source,
+            reason: lease.reason,
             caps,
             expires,
         });
@@ -346,6 +352,7 @@ impl CapArbiter {
                 from: h.from.clone(),
                 lease: h.lease,
                 source: h.source,
+                reason: h.reason,
                 expires: h.expires,
                 caps: h
                     .caps

@@ -35,7 +35,9 @@
 //!   next start to apply or lift as the kept leases say, unless the state
 //!   is volatile ([`Setup::volatile_state`]: the leases are not kept, and
 //!   a cap left on would be the next start's ceiling): then the ceilings
-//!   are put back all the same, said.
+//!   are put back all the same, said, but never while the host's cooling
+//!   is lost (its phase not cooled, or a cooling-loss lease in force):
+//!   the caps stay, said as an error naming the commands that lift them.
 //! - a cooling-loss step kept pending over a restart runs again once at
 //!   the start; a power-down only once the CDU's first state taken after
 //!   it leaves the rack powered down, or at the first round at or after
@@ -164,7 +166,8 @@ pub struct Setup {
     /// signer with none kept ([`CommandCore::set_started`]).
     pub started: TimestampMs,
     /// The state is volatile (no flash file): the leases are gone at a
-    /// stop, so a stop puts the ceilings back even with leases in force.
+    /// stop, so a stop puts the ceilings back even with leases in force,
+    /// unless the host's cooling is lost (the caps then stay, said).
     pub volatile_state: bool,
 }
 
@@ -234,8 +237,9 @@ pub enum Input<'a> {
     /// Answers [`Effect::Acknowledge`]: the pending command's ack is due.
     Acknowledge,
     /// The agent stops: every GPU's limit is read; then with no lease in
-    /// force, or with volatile state, every GPU's ceiling is put back;
-    /// with one (and a flash), the limits stay for the next start.
+    /// force, or with volatile state and the cooling not lost, every
+    /// GPU's ceiling is put back; with one (and a flash), or with
+    /// volatile state while cooling is lost, the limits stay.
     Stop,
 }
 

@@ -59,6 +59,7 @@ use crate::caps::GpuRange;
 mod ceiling;
 mod range;
 mod reads;
+mod stop;
 mod unconfirmed;
 
 pub(crate) use unconfirmed::Unconfirmed;
@@ -545,69 +546,6 @@ impl Node {
     pub(super) fn stop(&mut self, out: &mut Vec<Effect>) {
         self.after_read = Some(AfterRead::Stop);
         out.push(Effect::ReadLimits);
-    }
-
-    /// At the stop, the limits read: with a lease in force the limits
-    /// stay (the leases are in flash, and the next start applies or lifts
-    /// them: a restart in a cooling emergency never runs the GPUs
-    /// uncapped), unless the state is volatile (the leases die with the
-    /// agent, and the next start would take a cap left on for the
-    /// ceiling, never to be lifted); otherwise every GPU not at its
-    /// ceiling is given it back (one whose limit was not read just now,
-    /// `read`, only where that lowers it: a raise could overwrite an
-    /// administrator's limit unseen, and is said).
-    fn stopping(&mut self, now: Now, read: &[bool], out: &mut Vec<Effect>) {
-        self.commands.targets(now.steady);
-        let leases = self.commands.leases().len();
-        if leases > 0 && !self.volatile_state {
-            out.push(Effect::Say(
-                Level::Info,
-                format!(
-                    "stopping with {leases} lease(s) in force: the power limits stay as they are, for the next start to keep or lift"
-                ),
-            ));
-            return;
-        }
-        if leases > 0 {
-            out.push(Effect::Say(
-                Level::Warn,
-                format!(
-                    "stopping with {leases} lease(s) in force and volatile_state = true: the leases are not kept, so the power limits are put back to the ceilings (a cap left on would be taken for the uncapped limit at the next start); a CDU caps again at its next renewal"
-                ),
-            ));
-        }
-        let mut sets = Vec::new();
-        for (i, g) in self.gpus.iter().enumerate() {
-            if g.applied == Some(g.ceiling) {
-                continue;
-            }
-            if !was_read(read, i) && !g.settable_unread(g.ceiling) {
-                out.push(Effect::Say(
-                    Level::Error,
-                    format!(
-                        "GPU {i}: uncapped limit {} W not restored: {}",
-                        g.ceiling.0,
-                        g.unread_raise(g.ceiling)
-                    ),
-                ));
-                continue;
-            }
-            sets.push(SetLimit {
-                gpu: i as u8,
-                limit: g.ceiling,
-                read_first: !g.ceiling_read,
-            });
-        }
-        if sets.is_empty() {
-            return;
-        }
-        out.push(Effect::KeepLimits(self.kept_asking(&sets)));
-        self.reconciling = Some(Reconciling {
-            sources: Vec::new(),
-            changes: Vec::new(),
-            restoring: true,
-        });
-        out.push(Effect::SetLimits(sets));
     }
 
     /// The ceilings set back at the stop: each confirmed one is said in a
