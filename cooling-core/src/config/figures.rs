@@ -19,7 +19,8 @@
 //!
 //! Glossary:
 //! - *figures record*: those bytes; [`decode`] takes one only when its
-//!   tag, version, length and CRC are right and the configuration it
+//!   tag, version, length (its version's: a version byte that reads the
+//!   other version's is refused as such) and CRC are right and the configuration it
 //!   holds passes [`CoreConfig::validate`].
 //! - *heartbeat timeout*: how long the CDU waits for its heartbeat
 //!   register to be written before it falls back to its own control (the
@@ -54,9 +55,17 @@ const CRC: Crc<u32> = Crc::<u32>::new(&CRC_32_ISO_HDLC);
 /// Why a figures record was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FiguresError {
-    /// Not [`RECORD_BYTES`] long (nor [`RECORD_V1_BYTES`] for a version
-    /// 1 record).
+    /// Neither [`RECORD_BYTES`] nor [`RECORD_V1_BYTES`] long.
     Length(usize),
+    /// One version's length, its version byte reading the other version
+    /// (a damaged version byte, or a record cut or padded to the other's
+    /// length).
+    VersionLength {
+        /// The version its byte reads.
+        version: u8,
+        /// Its length, bytes.
+        len: usize,
+    },
     /// It does not start with [`TAG`].
     Tag,
     /// A format other than [`VERSION`] or 1.
@@ -80,6 +89,18 @@ impl core::fmt::Display for FiguresError {
                 "{n} bytes, not a figures record's {RECORD_BYTES} (version {VERSION}) \
                  or {RECORD_V1_BYTES} (version 1)"
             ),
+            Self::VersionLength { version, len } => {
+                let (own, other, other_len) = match *version {
+                    1 => (RECORD_V1_BYTES, VERSION, RECORD_BYTES),
+                    _ => (RECORD_BYTES, 1, RECORD_V1_BYTES),
+                };
+                write!(
+                    f,
+                    "a version {version} record of {len} bytes: version {version} records are \
+                     {own} bytes, version {other} {other_len} (a damaged version byte, or a \
+                     record cut or padded)"
+                )
+            }
             Self::Tag => write!(f, "not a figures record (its tag is not LWFG)"),
             Self::Version(v) => write!(f, "a figures record of version {v}, not {VERSION} (or 1)"),
             Self::Crc { carried, computed } => write!(
@@ -153,7 +174,10 @@ fn decode_parts(bytes: &[u8], cfg: &mut CoreConfig) -> Result<Option<NonZeroU32>
         v => return Err(FiguresError::Version(v)),
     };
     if bytes.len() != length {
-        return Err(FiguresError::Length(bytes.len()));
+        return Err(FiguresError::VersionLength {
+            version: bytes[4],
+            len: bytes.len(),
+        });
     }
     let (body, tail) = bytes.split_at(length - 4);
     let carried = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]);
@@ -482,15 +506,34 @@ mod tests {
         assert_eq!(RECORD_V1_BYTES, 267);
         assert_eq!(decode_with(&r), Ok((c, None)));
         assert_eq!(decode(&r), Ok(c));
-        // Each version at its own length only.
-        let mut long = encode(&c);
-        long[4] = 1;
-        assert_eq!(decode(&long), Err(FiguresError::Length(RECORD_BYTES)));
-        let mut short = r.clone();
-        short[4] = VERSION;
-        assert_eq!(decode(&short), Err(FiguresError::Length(RECORD_V1_BYTES)));
         let e = FiguresError::Length(3).to_string();
         assert!(e.contains("271 (version 2) or 267 (version 1)"), "{e}");
+    }
+
+    #[test]
+    fn a_version_at_the_other_versions_length_is_refused_naming_both() {
+        let c = other();
+        // Each version at its own length only: a record of one length
+        // whose version byte reads the other is refused as such, never
+        // as a length no record has.
+        let mut long = encode(&c);
+        long[4] = 1;
+        let e = decode(&long).expect_err("version 1 at 271 bytes");
+        assert_eq!(
+            e.to_string(),
+            "a version 1 record of 271 bytes: version 1 records are 267 bytes, version 2 \
+             271 (a damaged version byte, or a record cut or padded)"
+        );
+        let mut short = version_1(&c);
+        short[4] = VERSION;
+        let e = decode(&short)
+            .expect_err("version 2 at 267 bytes")
+            .to_string();
+        assert!(
+            e.starts_with("a version 2 record of 267 bytes: version 2 records are 271 bytes")
+                && !e.contains("not a figures record's"),
+            "{e}"
+        );
     }
 
     #[test]
