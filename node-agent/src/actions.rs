@@ -214,7 +214,14 @@ pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
     };
     let mut child = match cmd.spawn() {
         Ok(c) => c,
-        Err(e) => return failed(format!("cannot start: {e}")),
+        // Said as the start said it, naming the PATH searched.
+        Err(e) => {
+            let why = find_program(&program, &search_path()).err();
+            return failed(format!(
+                "cannot start: {}",
+                why.unwrap_or_else(|| e.to_string())
+            ));
+        }
     };
     let mut group = Group {
         pid: child.id().and_then(|p| i32::try_from(p).ok()),
@@ -262,6 +269,52 @@ pub async fn run(argv: &[String], timeout: Duration) -> Outcome {
             )
         },
     }
+}
+
+/// The directories a program named without a `/` is looked for in: the
+/// agent's own `PATH`, which its actions inherit ([`run`] sets no
+/// environment), or the C library's default without one.
+pub fn search_path() -> String {
+    std::env::var("PATH").unwrap_or_else(|_| "/bin:/usr/bin".into())
+}
+
+/// Whether `program` would start: a path (with a `/`) names the file
+/// itself, a bare name the first file of that name in a directory of
+/// `path` (`:`-separated, as the kernel's exec is given it); either must
+/// be a regular file with an execute bit. The error says what was looked
+/// for and where. Looked for at start (`config`) and again by [`run`]
+/// when a command cannot start.
+pub fn find_program(program: &str, path: &str) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let runs = |file: &std::path::Path| match std::fs::metadata(file) {
+        Err(e) => Err(format!("cannot be read: {e}")),
+        Ok(m) if !m.is_file() => Err("is not a regular file".to_string()),
+        Ok(m) if m.permissions().mode() & 0o111 == 0 => Err(format!(
+            "is not executable (mode {:o})",
+            m.permissions().mode() & 0o7777
+        )),
+        Ok(_) => Ok(()),
+    };
+    if program.contains('/') {
+        return runs(program.as_ref()).map_err(|why| format!("program {program:?} {why}"));
+    }
+    let mut seen = Vec::new();
+    for dir in path.split(':') {
+        let file = std::path::Path::new(if dir.is_empty() { "." } else { dir }).join(program);
+        match runs(&file) {
+            Ok(()) => return Ok(()),
+            Err(why) if file.exists() => seen.push(format!("{} {why}", file.display())),
+            Err(_) => {}
+        }
+    }
+    let also = if seen.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", seen.join(", "))
+    };
+    Err(format!(
+        "program {program:?} not found on PATH ({path}){also}"
+    ))
 }
 
 /// `text` (the end of a command's standard error) with its control
@@ -361,6 +414,38 @@ mod tests {
             !missing.ok && missing.detail.contains("cannot start"),
             "{missing:?}"
         );
+    }
+
+    /// A program not there at start (a file system not mounted yet) is
+    /// looked for again at each run: while missing, the run fails naming
+    /// the program and the PATH searched, as the start said it; once
+    /// there, it runs.
+    #[tokio::test]
+    async fn a_program_missing_is_looked_for_again_at_each_run() {
+        let t = Duration::from_secs(5);
+        let dir = tempfile::tempdir().unwrap();
+        let program = dir.path().join("power-off");
+        let argv = [program.display().to_string()];
+        let missing = run(&argv, t).await;
+        let path = program.display();
+        assert!(
+            !missing.ok
+                && missing.detail.starts_with(&format!(
+                    "cannot start: program \"{path}\" cannot be read: No such file"
+                )),
+            "{missing:?}"
+        );
+        let bare = run(&["no-such-prog-xyz".to_string()], t).await;
+        let on = format!(
+            "cannot start: program \"no-such-prog-xyz\" not found on PATH ({})",
+            search_path()
+        );
+        assert_eq!(bare.detail, on, "{bare:?}");
+        std::fs::write(&program, "#!/bin/sh\nexit 0\n").unwrap();
+        let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+        std::fs::set_permissions(&program, mode).unwrap();
+        let found = run(&argv, t).await;
+        assert!(found.ok, "found since: it runs: {found:?}");
     }
 
     /// A site script's standard error reaches a field engineer's terminal

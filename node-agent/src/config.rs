@@ -349,6 +349,10 @@ pub struct Config {
     /// it means: said in the log at start, and shown by `ctl status` and
     /// `/metrics` while the agent runs.
     pub opt_outs: Vec<OptOut>,
+    /// On real GPUs, the action programs not found at start, one entry
+    /// per key (`cooling_loss.power_down`): protections off, said as an
+    /// error at start and shown beside the opt-outs.
+    pub programs_missing: Vec<OptOut>,
 }
 
 /// Placeholders a quarantine action may use.
@@ -413,9 +417,10 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
     let guard = guard(&src, &file, flags, &board)?;
     let (cdu, rack) = cooling_context(&src, &file, flags)?;
     let quiet_period = quiet_period(&src, &file, flags)?;
-    let quarantine = quarantine(&src, &file, flags, &gpus)?;
+    let mut programs = protection::Programs::new(&gpus);
+    let quarantine = quarantine(&src, &file, flags, &mut programs)?;
     let has_rack = cdu.is_some() && rack.is_some();
-    let cooling_loss = cooling_loss::cooling_loss(&src, &file, flags, has_rack, &gpus)?;
+    let cooling_loss = cooling_loss::cooling_loss(&src, &file, flags, has_rack, &mut programs)?;
     let keyring = pick!(flags.keyring, file.keyring, "keyring");
     let production = match (&gpus, &keyring.0) {
         (GpuSourceKind::Nvml, _) => Some("real GPUs"),
@@ -482,6 +487,7 @@ pub fn resolve(path: Option<&Path>, text: &str, flags: &Overrides) -> Result<Con
         site_limit,
         twin_admin_limit,
         opt_outs,
+        programs_missing: programs.missing,
     })
 }
 
@@ -642,7 +648,7 @@ fn quarantine(
     src: &Sources,
     file: &FileConfig,
     flags: &Overrides,
-    gpus: &GpuSourceKind,
+    programs: &mut protection::Programs,
 ) -> Result<Quarantine, ConfigError> {
     let none = QuarantineFile::default();
     let q = file.quarantine.as_ref().unwrap_or(&none);
@@ -650,14 +656,14 @@ fn quarantine(
         section: "quarantine",
         key: "actions",
         flag: "quarantine-action",
-        real: *gpus == GpuSourceKind::Nvml,
+        setting: "quarantine.actions",
     };
     let actions = actions(
         src,
         at,
-        &flags.quarantine_actions,
-        &q.actions,
+        (&flags.quarantine_actions, &q.actions),
         &PLACEHOLDERS,
+        programs,
     )?;
     let timeout = range(
         &src.section("quarantine"),
@@ -703,26 +709,25 @@ fn signers(
     })
 }
 
-/// Where a list of actions is configured: its section, its key and the
-/// flag that replaces it.
+/// Where a list of actions is configured: its section, its key, the
+/// flag that replaces it, and the two as one (`section.key`).
 #[derive(Debug, Clone, Copy)]
 struct ActionsAt {
     section: &'static str,
     key: &'static str,
     flag: &'static str,
-    /// Real GPUs: a program not found is refused, not only said.
-    real: bool,
+    setting: &'static str,
 }
 
 /// A list of actions: the flag's (each string split on white space)
 /// replaces the file's; each checked by [`check_action`] against `known`,
-/// and its program looked for (`protection::program_found`).
+/// and its program looked for (`protection::Programs`).
 fn actions(
     src: &Sources,
     at: ActionsAt,
-    flag: &[String],
-    file: &Option<Vec<Vec<String>>>,
+    (flag, file): (&[String], &Option<Vec<Vec<String>>>),
     known: &[&str],
+    programs: &mut protection::Programs,
 ) -> Result<Vec<Vec<String>>, ConfigError> {
     let (actions, from_flag) = if flag.is_empty() {
         (file.clone().unwrap_or_default(), None)
@@ -733,13 +738,11 @@ fn actions(
             .collect();
         (split, Some(at.flag))
     };
+    let error = |m: String| src.section(at.section).error(from_flag, at.key, m);
     for a in &actions {
-        check_action(a, known)
-            .and_then(|()| {
-                let here = format!("[{}] {}", at.section, at.key);
-                protection::program_found(&here, &a[0], at.real)
-            })
-            .map_err(|m| src.section(at.section).error(from_flag, at.key, m))?;
+        check_action(a, known).map_err(error)?;
+        let here = format!("[{}] {}", at.section, at.key);
+        programs.look_for(at.setting, &a[0], |why| error(format!("{here}: {why}")));
     }
     Ok(actions)
 }

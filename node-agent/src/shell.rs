@@ -349,10 +349,13 @@ async fn run_agent(
     let counted = (&bus, &recorder, &resender);
     let mut context = console_context(&config, started, flash_path, counted, snapshot_rx);
     context.nvml_costs = nvml_costs;
-    // Found off on the GPUs, shown beside the opt-outs written.
+    // Found off on the GPUs, and action programs not found, shown beside
+    // the opt-outs written.
     context
         .protection_off
         .extend(startup::persistence_off(&config, &gpus));
+    let missing = config.programs_missing.iter().cloned();
+    context.protection_off.extend(missing);
     let readers = start_readers(listener, console_path, &config, context);
     let mut agent = Agent::new(Parts {
         config,

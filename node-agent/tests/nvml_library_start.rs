@@ -6,7 +6,8 @@
 //! error at every start and shown as a protection that is off (the
 //! console, `/metrics`), unless `persistence = "not_required"` is written
 //! (then said as the other opt-outs); the agent starts either way (a
-//! refused start would leave the host with no agent at all); a `site_limit_w`
+//! refused start would leave the host with no agent at all), as it does
+//! with an action's program not found (said and shown the same); a `site_limit_w`
 //! below the lowest limit NVML takes is said as an error, and NVML's
 //! highest limit above the board's `max_cap_w` as a warning.
 //!
@@ -209,4 +210,41 @@ fn nvmls_maximum_above_the_boards_is_said_as_a_warning() {
         let line = line.unwrap_or_else(|| panic!("{said:?} not said:\n{log}"));
         assert!(line.contains("WARN"), "{line}");
     }
+}
+
+/// A power-down program not there at start (on a file system not mounted
+/// yet at boot): the agent starts (a refused start would leave the host
+/// with no thermal guard, no caps, no health), says it as an error naming
+/// the key, the line, the program and the PATH, and shows it as a
+/// protection off: a PROTECTION OFF row and
+/// `loopwarden_protection_off{key="cooling_loss.power_down"}`.
+#[test]
+fn an_action_program_not_found_starts_shown_as_a_protection_off() {
+    let Some((rig, fake)) = host_with("h75", "") else {
+        return;
+    };
+    let (metrics, line) = metrics_port();
+    let config = host_config(&rig, &line);
+    let text = std::fs::read_to_string(&config).expect("config");
+    let program = "/nfs-not-mounted/ipmitool";
+    let text = text.replace(
+        "power_down = [[\"/bin/true\"]]",
+        &format!("power_down = [[{program:?}]]"),
+    );
+    std::fs::write(&config, text).expect("config");
+    let agent = RealAgent::start(&rig, &fake, &config);
+    let log = agent.log_text();
+    let said = format!("[cooling_loss] power_down: program \"{program}\" cannot be read");
+    let line = log.lines().find(|l| l.contains(&said));
+    let line = line.unwrap_or_else(|| panic!("{said:?} not said:\n{log}"));
+    assert!(line.contains("ERROR") && line.contains("agent.toml line "), "{line}");
+    let rows = protection_off_rows(&rig);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(rows[0].contains(&said), "{rows:?}");
+    let lines = protection_off_lines(metrics);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("key=\"cooling_loss.power_down\""),
+        "{lines:?}"
+    );
 }

@@ -20,7 +20,8 @@ use loopwarden_field::config::{range, ConfigError, Sources};
 use loopwarden_field::pick;
 use serde::Deserialize;
 
-use super::{actions, ActionsAt, FileConfig, GpuSourceKind, Overrides};
+use super::protection::Programs;
+use super::{actions, ActionsAt, FileConfig, Overrides};
 
 /// Placeholders a cooling-loss command may use.
 pub const COOLING_PLACEHOLDERS: [&str; 5] = ["{host}", "{site}", "{cdu}", "{rack}", "{reason}"];
@@ -73,23 +74,25 @@ impl CoolingLossActions {
     }
 }
 
-/// One step's commands (`key`, replaced by flag `--FLAG`); `real`: on
-/// real GPUs.
-fn step(
-    src: &Sources,
-    flag: &[String],
-    flag_name: &'static str,
-    file: &Option<Vec<Vec<String>>>,
-    key: &'static str,
-    real: bool,
-) -> Result<Vec<Vec<String>>, ConfigError> {
-    let at = ActionsAt {
+/// Where the step `key` is configured (replaced by flag `--FLAG`;
+/// `setting`: `cooling_loss.key`).
+const fn at(key: &'static str, flag: &'static str, setting: &'static str) -> ActionsAt {
+    ActionsAt {
         section: "cooling_loss",
         key,
-        flag: flag_name,
-        real,
-    };
-    actions(src, at, flag, file, &COOLING_PLACEHOLDERS)
+        flag,
+        setting,
+    }
+}
+
+/// One step's commands, the flag's replacing the file's.
+fn step(
+    src: &Sources,
+    at: ActionsAt,
+    given: (&[String], &Option<Vec<Vec<String>>>),
+    programs: &mut Programs,
+) -> Result<Vec<Vec<String>>, ConfigError> {
+    actions(src, at, given, &COOLING_PLACEHOLDERS, programs)
 }
 
 /// `[cooling_loss]`, checked: commands need the host's CDU and rack,
@@ -99,44 +102,33 @@ pub(super) fn cooling_loss(
     file: &FileConfig,
     flags: &Overrides,
     has_rack: bool,
-    gpus: &GpuSourceKind,
+    programs: &mut Programs,
 ) -> Result<CoolingLossActions, ConfigError> {
-    let real = *gpus == GpuSourceKind::Nvml;
     let none = CoolingLossFile::default();
     let f = file.cooling_loss.as_ref().unwrap_or(&none);
+    let drain = at("drain", "cooling-drain", "cooling_loss.drain");
+    let power_down = at(
+        "power_down",
+        "cooling-power-down",
+        "cooling_loss.power_down",
+    );
+    let power_up = at("power_up", "cooling-power-up", "cooling_loss.power_up");
+    let resume = at("resume", "cooling-resume", "cooling_loss.resume");
     let actions = CoolingLossActions {
-        drain: step(
-            src,
-            &flags.cooling_drain,
-            "cooling-drain",
-            &f.drain,
-            "drain",
-            real,
-        )?,
+        drain: step(src, drain, (&flags.cooling_drain, &f.drain), programs)?,
         power_down: step(
             src,
-            &flags.cooling_power_down,
-            "cooling-power-down",
-            &f.power_down,
-            "power_down",
-            real,
+            power_down,
+            (&flags.cooling_power_down, &f.power_down),
+            programs,
         )?,
         power_up: step(
             src,
-            &flags.cooling_power_up,
-            "cooling-power-up",
-            &f.power_up,
-            "power_up",
-            real,
+            power_up,
+            (&flags.cooling_power_up, &f.power_up),
+            programs,
         )?,
-        resume: step(
-            src,
-            &flags.cooling_resume,
-            "cooling-resume",
-            &f.resume,
-            "resume",
-            real,
-        )?,
+        resume: step(src, resume, (&flags.cooling_resume, &f.resume), programs)?,
         grace: Duration::from_secs(range(
             &src.section("cooling_loss"),
             pick!(flags.cooling_grace_s, f.grace_s, "cooling-grace-s"),

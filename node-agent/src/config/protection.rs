@@ -31,9 +31,12 @@
 //! opt-out of its own (`cooling_loss.grace_s`).
 //!
 //! Each action's program is looked for at start as the action will run
-//! it ([`program_found`]): on real GPUs one that would not start (not
-//! found on the agent's `PATH`, not an executable file) is refused, since
-//! it would fail only when needed; on simulated GPUs it is said.
+//! it ([`Programs`]): on real GPUs one that would not start (not found on
+//! the agent's `PATH`, not an executable file) is said as an error and
+//! shown as a protection off of its key (`cooling_loss.power_down`), not
+//! refused: a program on a file system not mounted yet at boot would
+//! otherwise leave the host with no agent at all. Each run of the action
+//! looks for it again. On simulated GPUs it is said as a warning.
 //!
 //! Simulated GPUs (a demonstration, a test) take the same keys but are
 //! not held to them.
@@ -42,9 +45,9 @@
 //! - *site limit*: `site_limit_w`, the highest power limit the agent ever
 //!   sets on this host's GPUs (see `node_core::node::limits`).
 //! - *opt-out*: a key that switches a protection off on purpose; the
-//!   console and `/metrics` list them, and beside them the one protection
+//!   console and `/metrics` list them, and beside them the protections
 //!   found off at start rather than written off (persistence mode off,
-//!   not opted out).
+//!   not opted out; an action's program not found).
 
 use loopwarden_field::config::{range, ConfigError, Sources};
 use loopwarden_field::pick;
@@ -166,12 +169,16 @@ pub(super) struct Setting<'a> {
 }
 
 /// A protection switched off on purpose: its key, and what that means
-/// (or, from [`OptOut::persistence_off`], one found off at start).
+/// (or, from [`OptOut::persistence_off`] and [`Programs`], one found off
+/// at start).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OptOut {
     /// The setting that switched it off: `commands`, `cooling`,
     /// `cooling_loss.actions`, `cooling_loss.grace_s`, `volatile_state`,
-    /// `persistence` or `quarantine.reported_only`.
+    /// `persistence` or `quarantine.reported_only`; for an action's
+    /// program not found, the action's key (`quarantine.actions`,
+    /// `cooling_loss.drain`, `cooling_loss.power_down`,
+    /// `cooling_loss.power_up`, `cooling_loss.resume`).
     pub key: &'static str,
     /// The setting as written and what it means, for the log and the
     /// console: `commands = "none": this host takes no command (...)`.
@@ -486,66 +493,55 @@ fn required(
     Ok(())
 }
 
-/// The directories a program named without a `/` is looked for in: the
-/// agent's own `PATH`, which its actions inherit (`actions::run` sets no
-/// environment), or the C library's default without one.
-pub(super) fn search_path() -> String {
-    std::env::var("PATH").unwrap_or_else(|_| "/bin:/usr/bin".into())
+/// The action programs looked for at start as each action will run them
+/// ([`crate::actions::find_program`]).
+pub(super) struct Programs {
+    /// On real GPUs: a program not found is a protection off.
+    real: bool,
+    /// The protections off, one per key with a program not found.
+    pub(super) missing: Vec<OptOut>,
 }
 
-/// Whether `program` would start: a path (with a `/`) names the file
-/// itself, a bare name the first file of that name in a directory of
-/// `path` (`:`-separated, as the kernel's exec is given it); either must
-/// be a regular file with an execute bit. The error says what was looked
-/// for and where.
-pub(super) fn find_program(program: &str, path: &str) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt;
-    let runs = |file: &std::path::Path| match std::fs::metadata(file) {
-        Err(e) => Err(format!("cannot be read: {e}")),
-        Ok(m) if !m.is_file() => Err("is not a regular file".to_string()),
-        Ok(m) if m.permissions().mode() & 0o111 == 0 => Err(format!(
-            "is not executable (mode {:o})",
-            m.permissions().mode() & 0o7777
-        )),
-        Ok(_) => Ok(()),
-    };
-    if program.contains('/') {
-        return runs(program.as_ref()).map_err(|why| format!("program {program:?} {why}"));
-    }
-    let mut seen = Vec::new();
-    for dir in path.split(':') {
-        let file = std::path::Path::new(if dir.is_empty() { "." } else { dir }).join(program);
-        match runs(&file) {
-            Ok(()) => return Ok(()),
-            Err(why) if file.exists() => seen.push(format!("{} {why}", file.display())),
-            Err(_) => {}
+impl Programs {
+    /// For the GPUs `gpus`.
+    pub(super) fn new(gpus: &GpuSourceKind) -> Programs {
+        Programs {
+            real: *gpus == GpuSourceKind::Nvml,
+            missing: Vec::new(),
         }
     }
-    let also = if seen.is_empty() {
-        String::new()
-    } else {
-        format!("; {}", seen.join(", "))
-    };
-    Err(format!(
-        "program {program:?} not found on PATH ({path}){also}"
-    ))
-}
 
-/// On real GPUs an action whose program would not start is refused (it
-/// would fail only when needed: a power-down at a cooling loss is not
-/// tried again); on simulated GPUs, whose actions are often stand-ins,
-/// it is said and taken. `at` is `[section] key`.
-pub(super) fn program_found(at: &str, program: &str, real: bool) -> Result<(), String> {
-    let Err(why) = find_program(program, &search_path()) else {
-        return Ok(());
-    };
-    if real {
-        return Err(format!("{at}: {why}: the action would fail only when it is needed. Install the program or give its full path"));
+    /// Looks for `program`, an action of `setting`
+    /// (`cooling_loss.power_down`); `said` gives the words as the error
+    /// of that setting's line or flag. On real GPUs one that would not
+    /// start is an error and a protection off of `setting` (the start goes
+    /// on: a program on a file system not mounted yet at boot must not
+    /// leave the host with no agent; each run looks for it again); on
+    /// simulated GPUs, whose actions are often stand-ins, a warning.
+    pub(super) fn look_for(
+        &mut self,
+        setting: &'static str,
+        program: &str,
+        said: impl FnOnce(String) -> ConfigError,
+    ) {
+        let path = crate::actions::search_path();
+        let Err(why) = crate::actions::find_program(program, &path) else {
+            return;
+        };
+        if !self.real {
+            let said = said(why);
+            tracing::warn!(
+                "config: {said}: the action will fail when it runs (simulated GPUs: taken)"
+            );
+            return;
+        }
+        let said = said(format!("{why}: the action will fail when it is needed unless the program is there by then (each run looks for it again; shown as a protection off until the next start). Install the program or give its full path; on a file system mounted at boot, order the agent after it")).to_string();
+        tracing::error!("config: {said}");
+        match self.missing.iter_mut().find(|o| o.key == setting) {
+            Some(o) => o.said = format!("{}; {said}", o.said),
+            None => self.missing.push(OptOut { key: setting, said }),
+        }
     }
-    tracing::warn!(
-        "config: {at}: {why}: the action will fail when it runs (simulated GPUs: taken)"
-    );
-    Ok(())
 }
 
 #[cfg(test)]
@@ -895,13 +891,15 @@ mod tests {
         );
     }
 
-    /// A misspelt or missing action program would fail only when the
-    /// action is needed (a power-down at a cooling loss is not tried
-    /// again): on real GPUs the start is refused naming the section, the
-    /// key, the line, the program and the PATH searched; on simulated
-    /// GPUs it is said and taken.
+    /// A misspelt or missing action program, or one on a file system not
+    /// mounted yet at boot, would fail when the action is needed (a
+    /// power-down at a cooling loss is not tried again). On real GPUs the
+    /// start goes on (a refused start would leave the host with no guard
+    /// at all): an error naming the section, the key, the line, the
+    /// program and the PATH searched, and a protection off of that key
+    /// (one per key); on simulated GPUs a warning only.
     #[test]
-    fn an_action_program_not_found_at_start_is_refused_on_real_gpus() {
+    fn an_action_program_not_found_at_start_is_a_protection_off_on_real_gpus() {
         let dir = tempfile::tempdir().unwrap();
         let ring = keyring(dir.path(), Role::Cdu, "cdu1");
         let host = format!(
@@ -910,43 +908,49 @@ mod tests {
         let file = std::path::Path::new("/etc/loopwarden/node-agent.toml");
         let with_power_down = |program: &str| {
             let text = format!("{host}[cooling_loss]\ndrain = [[\"true\"]]\npower_down = [[{program:?}, \"chassis\"]]\n");
-            resolve(Some(file), &text, &Overrides::default()).map_err(|e| e.to_string())
+            let (c, log) = logged(|| resolve(Some(file), &text, &Overrides::default()));
+            (c.expect("taken: the agent starts"), log)
         };
-        let e = with_power_down("no-such-prog-xyz").unwrap_err();
+        let (c, log) = with_power_down("no-such-prog-xyz");
         let line = host.lines().count() + 3;
-        assert!(
-            e.starts_with(&format!("/etc/loopwarden/node-agent.toml line {line}: [cooling_loss] power_down: program \"no-such-prog-xyz\" not found on PATH ("))
-                && e.contains(&std::env::var("PATH").unwrap()),
-            "{e}"
-        );
-        with_power_down("true").expect("found on PATH");
+        let said = format!("/etc/loopwarden/node-agent.toml line {line}: [cooling_loss] power_down: program \"no-such-prog-xyz\" not found on PATH ({}): ", std::env::var("PATH").unwrap());
+        let [off] = &c.programs_missing[..] else {
+            panic!("one protection off: {:?}", c.programs_missing);
+        };
+        assert_eq!(off.key, "cooling_loss.power_down");
+        assert!(off.said.starts_with(&said), "{off:?}");
+        assert!(log.contains("ERROR") && log.contains(&said), "{log}");
+        assert!(c.opt_outs.is_empty(), "not an opt-out: {:?}", c.opt_outs);
+        let (c, _) = with_power_down("true");
+        assert_eq!(c.programs_missing, [], "found on PATH");
         let not_executable = dir.path().join("power-off");
         std::fs::write(&not_executable, "#!/bin/sh\n").unwrap();
         let program = not_executable.to_str().unwrap();
-        let e = with_power_down(program).unwrap_err();
-        assert!(
-            e.contains(&format!(
-                "[cooling_loss] power_down: program \"{program}\" is not executable"
-            )),
-            "{e}"
-        );
-        let e = with_power_down(dir.path().to_str().unwrap()).unwrap_err();
-        assert!(e.contains("is not a regular file"), "{e}");
-        let e = nvml(&format!(
-            "{ring}{FLASH}{RACK}{BOTH}[quarantine]\nactions = [[\"scontrl\", \"{{host}}\"]]\n"
+        let (c, _) = with_power_down(program);
+        let want = format!("[cooling_loss] power_down: program \"{program}\" is not executable");
+        assert!(c.programs_missing[0].said.contains(&want), "{c:?}");
+        let (c, _) = with_power_down(dir.path().to_str().unwrap());
+        assert!(c.programs_missing[0].said.contains("is not a regular file"));
+        // Two programs of one key: one entry (one series on /metrics).
+        let c = nvml(&format!(
+            "{ring}{FLASH}{RACK}{BOTH}[quarantine]\nactions = [[\"scontrl\", \"{{host}}\"], [\"tickit\"]]\n"
         ))
-        .unwrap_err();
-        assert!(
-            e.contains("[quarantine] actions: program \"scontrl\" not found on PATH"),
-            "{e}"
-        );
+        .expect("taken");
+        let [off] = &c.programs_missing[..] else {
+            panic!("one per key: {:?}", c.programs_missing);
+        };
+        assert_eq!(off.key, "quarantine.actions");
+        for program in ["scontrl", "tickit"] {
+            let want = format!("[quarantine] actions: program \"{program}\" not found on PATH");
+            assert!(off.said.contains(&want), "{off:?}");
+        }
         // Simulated GPUs run stand-ins: said, and taken.
         let (c, log) = logged(|| {
             twin(&format!(
                 "{RACK}[cooling_loss]\npower_down = [[\"no-such-prog-xyz\"]]\n"
             ))
         });
-        c.expect("simulated GPUs");
+        assert_eq!(c.expect("simulated GPUs").programs_missing, []);
         assert!(
             log.contains("WARN")
                 && log.contains("power_down: program \"no-such-prog-xyz\" not found"),
