@@ -122,6 +122,22 @@ mod tests {
         assert_eq!(digest(Some(&[1, 2])), 0, "too short to carry one");
     }
 
+    /// The record built in is the one `LOOPWARDEN_FIRMWARE_FIGURES`
+    /// names where the tests run with it set (`.ci/run` runs them so
+    /// with a CDU heartbeat timeout of 12.5 s), and none without it: a
+    /// build that ignored the variable, or kept another record, would
+    /// test other figures than the run names.
+    #[test]
+    fn the_record_built_in_is_the_one_the_build_was_named() {
+        match std::env::var_os("LOOPWARDEN_FIRMWARE_FIGURES") {
+            Some(path) => {
+                let bytes = std::fs::read(&path).expect("the record named");
+                assert_eq!(built_in::RECORD, Some(&bytes[..]), "{path:?}");
+            }
+            None => assert_eq!(built_in::RECORD, None),
+        }
+    }
+
     #[test]
     fn the_record_built_in_is_one_the_firmware_takes() {
         let c = configuration(built_in::RECORD).expect("the figures built in");
