@@ -76,9 +76,9 @@ pub struct Tls {
     /// When the CA's and this device's certificates are valid, with the
     /// file each is in.
     pub validity: Vec<Dated>,
-    /// The CN of this device's certificate (the first of its file), when
-    /// there is one and it reads.
-    pub cert_cn: Option<String>,
+    /// The CN of this device's certificate (the first of its file), or
+    /// why none reads ([`common_name`]); `None` without a certificate.
+    pub cert_cn: Option<Result<String, String>>,
 }
 
 /// Days before a certificate's end from which it is warned of.
@@ -157,9 +157,10 @@ impl Tls {
             return Ok(());
         };
         let found = match &self.cert_cn {
-            Some(cn) if cn == who => return Ok(()),
-            Some(cn) => format!("is made out to CN {cn:?}"),
-            None => "has no CN in its subject that can be read".to_string(),
+            Some(Ok(cn)) if cn == who => return Ok(()),
+            Some(Ok(cn)) => format!("is made out to CN {cn:?}"),
+            Some(Err(why)) => why.clone(),
+            None => "was not read".to_string(),
         };
         Err(err(TlsPart::Cert)(format!(
             "TLS certificate {} {found}, but this node is {role} {who:?}: the broker takes \
@@ -399,7 +400,7 @@ impl Tls {
             (Some(cert), Some(key)) => {
                 let chain = certs(cert, "TLS certificate").map_err(&cert_err)?;
                 validity.extend(validities(&chain, "TLS certificate", cert));
-                cert_cn = common_name(chain[0].as_ref());
+                cert_cn = Some(common_name(chain[0].as_ref()));
                 let secret = private_key(key).map_err(&key_err)?;
                 builder.with_client_auth_cert(chain, secret).map_err(|e| {
                     cert_err(format!(

@@ -523,7 +523,9 @@ fn tls(
 /// it and a site's PKI must (docs/security.md section 6.2). The broker
 /// takes the CN as the user name: with another device's certificate its
 /// ACL would drop every frame of this agent, while acknowledging it, and
-/// deny its commands. `role` names the identity (`host`, `CDU`).
+/// deny its commands. `role` names the identity (`host`, `CDU`). A
+/// `broker_user` beside the certificate changes nothing (such a broker
+/// ignores the login), and the refusal says so.
 pub fn check_tls_identity(
     src: &Sources,
     common: &Common,
@@ -533,8 +535,24 @@ pub fn check_tls_identity(
     let Some(tls) = &common.tls else {
         return Ok(());
     };
-    tls.check_identity(role, who.as_str())
-        .map_err(|e| src.error(common.tls_cert_flag, "tls_cert", e.message))
+    tls.check_identity(role, who.as_str()).map_err(|e| {
+        // A login does not make another certificate right: the broker
+        // section 6.2 of docs/security.md asks for takes the CN as the user.
+        let login = common
+            .credentials
+            .as_ref()
+            .map_or(String::new(), |(user, _)| {
+                format!(
+                    ". broker_user {user:?} does not change it: a broker that takes the \
+                 certificate's CN as the user name (use_identity_as_username) ignores the login"
+                )
+            });
+        src.error(
+            common.tls_cert_flag,
+            "tls_cert",
+            format!("{}{login}", e.message),
+        )
+    })
 }
 
 /// The longest loop period a configuration takes, ms.
@@ -1029,6 +1047,20 @@ mod tests {
         let e = check_tls_identity(&Sources::new(None, &text), &common, "host", &id("h01"))
             .unwrap_err();
         assert!(e.to_string().contains("--tls-cert"), "{e}");
+        // A login beside the certificate changes nothing: a broker that
+        // takes the CN as the user name ignores it. Said so.
+        let pw = pki.join("pw");
+        std::fs::write(&pw, "secret\n").unwrap();
+        let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+        std::fs::set_permissions(&pw, private).unwrap();
+        let login = format!("broker_user = \"h01\"\nbroker_password_file = {pw:?}\n");
+        let e = resolved(&format!("{}{login}", of("h02"))).unwrap_err();
+        assert!(
+            e.message.contains("is made out to CN \"h02\"")
+                && e.message.contains("broker_user \"h01\" does not change it"),
+            "{e}"
+        );
+        resolved(&format!("{}{login}", of("h01"))).expect("h01's own, with a login");
     }
 
     #[test]

@@ -11,38 +11,91 @@
 //! - *CN*: common name (attribute type 2.5.4.3), the part of the subject
 //!   the broker takes as the user name; the first one where there are
 //!   several, as mosquitto takes it.
+//! - *string type*: how a CN's text is encoded (UTF8String,
+//!   PrintableString, TeletexString, BMPString, …); one this does not
+//!   read is named in the refusal.
 
 use super::validity::{element, names_and_validity};
 
 /// The DER of the attribute type `commonName`, 2.5.4.3.
 const COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
 
-/// The first CN of the subject of the certificate `der`; `None` where it
-/// is not a certificate this reads, its subject has no CN, or the CN is
-/// not a UTF8String, PrintableString or IA5String.
-pub fn common_name(der: &[u8]) -> Option<String> {
-    let (_, _, subject) = names_and_validity(der)?;
+/// The first CN of the subject of the certificate `der`, as text; the
+/// error says why none reads: not a certificate this reads, no CN in its
+/// subject, or a CN [`directory_string`] does not read (its string type
+/// named).
+pub fn common_name(der: &[u8]) -> Result<String, String> {
+    let unread = || "is not a certificate whose subject can be read".to_string();
+    let (_, _, subject) = names_and_validity(der).ok_or_else(unread)?;
     let mut sets = subject;
     while !sets.is_empty() {
-        let (set, after) = element(sets, 0x31)?;
+        let (set, after) = element(sets, 0x31).ok_or_else(unread)?;
         sets = after;
         let mut attributes = set;
         while !attributes.is_empty() {
-            let (attribute, after) = element(attributes, 0x30)?;
+            let (attribute, after) = element(attributes, 0x30).ok_or_else(unread)?;
             attributes = after;
-            let (oid, value) = element(attribute, 0x06)?;
-            if oid != COMMON_NAME {
-                continue;
+            let (oid, value) = element(attribute, 0x06).ok_or_else(unread)?;
+            if oid == COMMON_NAME {
+                return directory_string(value).map_err(|why| format!("has a CN that {why}"));
             }
-            // UTF8String, PrintableString, IA5String.
-            let text = [0x0c, 0x13, 0x16]
-                .into_iter()
-                .find_map(|tag| element(value, tag))?
-                .0;
-            return String::from_utf8(text.to_vec()).ok();
         }
     }
-    None
+    Err("has no CN in its subject".into())
+}
+
+/// The text of an X.520 directory string (a CN's value) `value`, tag
+/// first: UTF8String; PrintableString, IA5String, NumericString and
+/// VisibleString (ASCII); TeletexString, its bytes as Latin-1 (as OpenSSL
+/// takes them: a CA's T61String is ASCII in practice); BMPString
+/// (UTF-16BE) and UniversalString (UTF-32BE). The error names the string
+/// type of another (GeneralString, VideotexString, …), or says the bytes
+/// do not decode as their type.
+fn directory_string(value: &[u8]) -> Result<String, String> {
+    let tag = *value.first().ok_or("is empty")?;
+    let named = string_type(tag);
+    let (bytes, _) = element(value, tag).ok_or_else(|| format!("is malformed ({named})"))?;
+    let bad = || format!("is not valid {named}");
+    let units = |n: usize| {
+        (bytes.len() % n == 0)
+            .then(|| bytes.chunks(n))
+            .ok_or_else(bad)
+    };
+    match tag {
+        0x0c | 0x12 | 0x13 | 0x16 | 0x1a => String::from_utf8(bytes.to_vec()).map_err(|_| bad()),
+        0x14 => Ok(bytes.iter().map(|&b| char::from(b)).collect()),
+        0x1e => {
+            let utf16 = units(2)?.map(|u| u16::from_be_bytes([u[0], u[1]]));
+            char::decode_utf16(utf16)
+                .collect::<Result<String, _>>()
+                .map_err(|_| bad())
+        }
+        0x1c => units(4)?
+            .map(|u| char::from_u32(u32::from_be_bytes([u[0], u[1], u[2], u[3]])))
+            .collect::<Option<String>>()
+            .ok_or_else(bad),
+        _ => Err(format!(
+            "is a {named}, a string type this does not read: issue the certificate with its CN as a UTF8String or PrintableString"
+        )),
+    }
+}
+
+/// The name of the ASN.1 string type of tag `tag`.
+fn string_type(tag: u8) -> String {
+    match tag {
+        0x0c => "UTF8String".into(),
+        0x12 => "NumericString".into(),
+        0x13 => "PrintableString".into(),
+        0x14 => "TeletexString".into(),
+        0x15 => "VideotexString".into(),
+        0x16 => "IA5String".into(),
+        0x19 => "GraphicString".into(),
+        0x1a => "VisibleString".into(),
+        0x1b => "GeneralString".into(),
+        0x1c => "UniversalString".into(),
+        0x1e => "BMPString".into(),
+        other => format!("value of tag 0x{other:02x}"),
+    }
 }
 
 #[cfg(test)]
@@ -62,12 +115,65 @@ mod tests {
     fn the_subjects_common_name_reads_back_or_none() {
         use rcgen::DnType::*;
         let c = cert(&[(OrganizationName, "Hall 1"), (CommonName, "h01")]);
-        assert_eq!(common_name(c.der()).as_deref(), Some("h01"));
+        assert_eq!(common_name(c.der()).as_deref(), Ok("h01"));
         let c = cert(&[(CommonName, "cdu-1.b")]);
-        assert_eq!(common_name(c.der()).as_deref(), Some("cdu-1.b"));
+        assert_eq!(common_name(c.der()).as_deref(), Ok("cdu-1.b"));
         let c = cert(&[(OrganizationName, "Hall 1")]);
-        assert_eq!(common_name(c.der()), None, "no CN");
+        let e = common_name(c.der()).unwrap_err();
+        assert_eq!(e, "has no CN in its subject");
         let c = cert(&[(CommonName, "h01")]);
-        assert_eq!(common_name(&c.der()[..30]), None, "cut short");
+        let e = common_name(&c.der()[..30]).unwrap_err();
+        assert_eq!(
+            e, "is not a certificate whose subject can be read",
+            "cut short"
+        );
+    }
+
+    /// A CN as an older CA writes it (TeletexString, BMPString,
+    /// UniversalString) reads as its text; one of a string type not read
+    /// is refused naming the type, not as "no CN".
+    #[test]
+    fn a_cn_of_each_string_type_reads_or_its_type_is_named() {
+        use rcgen::{BmpString, DnType::CommonName, DnValue, TeletexString, UniversalString};
+        let of = |v: DnValue| {
+            let mut p = rcgen::CertificateParams::new(Vec::new()).unwrap();
+            p.distinguished_name = rcgen::DistinguishedName::new();
+            p.distinguished_name.push(CommonName, v);
+            let c = p.self_signed(&rcgen::KeyPair::generate().unwrap()).unwrap();
+            common_name(c.der())
+        };
+        let teletex = TeletexString::try_from("h01").unwrap();
+        assert_eq!(of(DnValue::TeletexString(teletex)).as_deref(), Ok("h01"));
+        let bmp = BmpString::try_from("h01").unwrap();
+        assert_eq!(of(DnValue::BmpString(bmp)).as_deref(), Ok("h01"));
+        let universal = UniversalString::try_from("h01").unwrap();
+        assert_eq!(
+            of(DnValue::UniversalString(universal)).as_deref(),
+            Ok("h01")
+        );
+        // Teletex bytes above ASCII as Latin-1; a BMPString of an odd
+        // length, or a lone surrogate, is no text.
+        assert_eq!(
+            directory_string(&[0x14, 2, b'h', 0xe9]).as_deref(),
+            Ok("h\u{e9}")
+        );
+        let e = directory_string(&[0x1e, 3, 0, b'h', 0]).unwrap_err();
+        assert_eq!(e, "is not valid BMPString");
+        let e = directory_string(&[0x1e, 2, 0xd8, 0]).unwrap_err();
+        assert_eq!(e, "is not valid BMPString");
+        // A GeneralString CN: the type is named. (The subject's, after
+        // the issuer's of this self-signed certificate.)
+        let c = cert(&[(CommonName, "h01")]);
+        let mut der = c.der().to_vec();
+        let at = der
+            .windows(8)
+            .rposition(|w| w == [0x55, 0x04, 0x03, 0x0c, 3, b'h', b'0', b'1'])
+            .expect("the CN as a UTF8String");
+        der[at + 3] = 0x1b;
+        let e = common_name(&der).unwrap_err();
+        assert!(
+            e.starts_with("has a CN that is a GeneralString, a string type this does not read"),
+            "{e}"
+        );
     }
 }
