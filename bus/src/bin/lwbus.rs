@@ -21,10 +21,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use loopwarden_bus::embedded::{
     configured_or_embedded, EmbeddedBroker, EmbeddedBrokerError, DEFAULT_LISTEN,
 };
 use loopwarden_bus::{now_ms, Brokers, Bus, BusConfig};
+use loopwarden_flash::StoreError;
 use loopwarden_protocol::{
     samples, Family, GpuSelector, Ident, Message, MessageKind, NodeId, Role, Topic,
 };
@@ -413,7 +415,7 @@ fn write_new(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
 /// The flash `lwbus flash` reads: a private copy of the file.
 type DumpFlash = loopwarden_flash::SharedFlash<loopwarden_flash::FileFlash<4, 4096>>;
 /// Why a store of it did not read.
-type DumpError = loopwarden_flash::StoreError<loopwarden_flash::FlashError>;
+type DumpError = StoreError<loopwarden_flash::FlashError>;
 
 /// Adds a line to `text`.
 fn say(text: &mut String, line: impl std::fmt::Display) {
@@ -472,12 +474,12 @@ async fn dump_flash(path: &std::path::Path, json: bool) -> Result<()> {
 }
 
 /// The event log's records, oldest first, and what it lost to damage.
-async fn dump_log(
-    flash: DumpFlash,
+async fn dump_log<S: MultiwriteNorFlash>(
+    flash: S,
     range: std::ops::Range<u32>,
     json: bool,
     text: &mut String,
-) -> Result<(), DumpError> {
+) -> Result<(), StoreError<S::Error>> {
     let mut log = loopwarden_flash::EventLog::open(flash, range).await?;
     say(
         text,
@@ -487,15 +489,23 @@ async fn dump_log(
         say(text, format_args!("event log: the sector at {at:#x} is damaged (zeroed or garbage) and kept the log from opening: read without it (its records, the newest, are not shown; the file is left as it was)"));
     }
     let mut lines = Vec::new();
-    let skipped = log
+    let read = log
         .for_each(|r| {
             let what = describe_record(r.kind, r.body, json);
             lines.push(format!("{:>8} {} {what}", r.seq, utc(r.time.0)));
         })
-        .await?;
+        .await;
+    // What was read before a failure is printed, then the failure.
+    let n = lines.len();
     for l in lines {
         say(text, l);
     }
+    let skipped = read.inspect_err(|_| {
+        say(
+            text,
+            format_args!("event log: the read stopped after {n} records (above)"),
+        )
+    })?;
     if skipped > 0 {
         say(
             text,
@@ -525,7 +535,7 @@ async fn dump_outbox(
         failed.push(format!("the outbox's {class:?} part"));
     }
     let mut waiting = Vec::new();
-    outbox
+    let read = outbox
         .for_each(|e| {
             let kind = loopwarden_protocol::Frame::decode(e.payload)
                 .map(|f| f.message.kind().name().to_string())
@@ -537,18 +547,20 @@ async fn dump_outbox(
                 e.topic
             ));
         })
-        .await?;
+        .await;
+    // What was read before a failure is printed, then the failure.
+    let held = match read {
+        Ok(_) => "not yet acknowledged by the broker",
+        Err(_) => "read before the read stopped",
+    };
     say(
         text,
-        format_args!(
-            "outbox: {} frames not yet acknowledged by the broker",
-            waiting.len()
-        ),
+        format_args!("outbox: {} frames {held}", waiting.len()),
     );
     for w in waiting {
         say(text, w);
     }
-    Ok(())
+    read.map(|_| ())
 }
 
 /// The sequence floor the config store keeps.
@@ -759,6 +771,102 @@ mod tests {
         assert_ne!(d, other.dir);
         drop(copy);
         assert!(!d.exists(), "removed when done");
+    }
+
+    use super::{dump_log, MessageKind, MultiwriteNorFlash};
+    use embedded_storage_async::nor_flash::{ErrorType, NorFlash, ReadNorFlash};
+
+    /// A flash whose reads fail from the `fail_at`-th on (all counted in
+    /// `reads`): a store that fails partway through a read.
+    struct FailingReads {
+        flash: loopwarden_flash::SimFlash<4, 4096>,
+        reads: std::rc::Rc<std::cell::Cell<u64>>,
+        fail_at: u64,
+    }
+
+    impl ErrorType for FailingReads {
+        type Error = loopwarden_flash::FlashError;
+    }
+
+    impl ReadNorFlash for FailingReads {
+        const READ_SIZE: usize = 1;
+
+        async fn read(&mut self, at: u32, bytes: &mut [u8]) -> Result<(), Self::Error> {
+            let n = self.reads.get();
+            self.reads.set(n + 1);
+            if n >= self.fail_at {
+                return Err(loopwarden_flash::FlashError::PowerCut);
+            }
+            self.flash.read(at, bytes).await
+        }
+
+        fn capacity(&self) -> usize {
+            self.flash.capacity()
+        }
+    }
+
+    impl NorFlash for FailingReads {
+        const WRITE_SIZE: usize = 4;
+        const ERASE_SIZE: usize = 4096;
+
+        async fn erase(&mut self, from: u32, to: u32) -> Result<(), Self::Error> {
+            self.flash.erase(from, to).await
+        }
+
+        async fn write(&mut self, at: u32, bytes: &[u8]) -> Result<(), Self::Error> {
+            self.flash.write(at, bytes).await
+        }
+    }
+
+    impl MultiwriteNorFlash for FailingReads {}
+
+    /// An event log whose read fails partway: the records read before the
+    /// failure are printed, then how many, and the failure is returned
+    /// (they were dropped with it).
+    #[test]
+    fn the_records_read_before_the_log_fails_are_printed_then_the_failure() {
+        use futures::executor::block_on;
+        use loopwarden_flash::{EventLog, SimFlash};
+        let range = 0..4 * 4096;
+        let mut log = block_on(EventLog::open(SimFlash::<4, 4096>::new(4), range.clone())).unwrap();
+        for i in 0..5 {
+            let at = loopwarden_protocol::TimestampMs(1_780_000_000_000 + i);
+            block_on(log.append(at, MessageKind::Event as u8, b"body")).unwrap();
+        }
+        let bytes = log.into_flash().bytes_mut().to_vec();
+        let reads = std::rc::Rc::new(std::cell::Cell::new(0));
+        let flash = |fail_at| FailingReads {
+            flash: SimFlash::from_bytes(bytes.clone()),
+            reads: reads.clone(),
+            fail_at,
+        };
+        // The reads an opening makes, and those of a whole read after it.
+        let mut log = block_on(EventLog::open(flash(u64::MAX), range.clone())).unwrap();
+        let opened = reads.get();
+        block_on(log.for_each(|_| {})).unwrap();
+        let all = reads.get();
+        // Failing at each read of the records in turn: those read before
+        // are printed, in order, then how many.
+        let mut partway = 0;
+        for fail_at in opened..all {
+            reads.set(0);
+            let mut text = String::new();
+            let e = block_on(dump_log(flash(fail_at), range.clone(), false, &mut text));
+            let e = e.expect_err("the read fails");
+            assert!(e.to_string().contains("power"), "{e}");
+            let lines: Vec<&str> = text.lines().collect();
+            assert!(lines.len() >= 2, "the failure not said: {text}");
+            assert_eq!(lines[0], "event log: next record 5", "{text}");
+            let records = &lines[1..lines.len() - 1];
+            for (seq, line) in records.iter().enumerate() {
+                assert!(line.starts_with(&format!("{seq:>8} 2026-")), "{text}");
+            }
+            let n = records.len();
+            let said = format!("event log: the read stopped after {n} records (above)");
+            assert_eq!(lines[lines.len() - 1], said, "{text}");
+            partway += usize::from(n > 0 && n < 5);
+        }
+        assert!(partway > 0, "no read failed after some records");
     }
 
     #[test]
