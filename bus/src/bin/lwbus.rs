@@ -676,24 +676,56 @@ mod tests {
     use clap::Parser;
 
     /// Without --broker, a release with TLS goes to the TLS port, not to
-    /// the plain one.
+    /// the plain one: the flags parsed and the TLS files loaded as `main`
+    /// does, the broker as the release reaches it (`release::reached`).
     #[test]
     fn a_release_with_tls_and_no_broker_is_on_8883() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.crt");
+        let mut p = rcgen::CertificateParams::new(Vec::new()).unwrap();
+        p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let cert = p.self_signed(&rcgen::KeyPair::generate().unwrap()).unwrap();
+        std::fs::write(&ca, cert.pem()).unwrap();
         let broker = |tls: &[&str]| {
             let args = [
                 "lwbus", "release", "--site", "lab", "--host", "h01", "--gpu", "0",
             ];
             let more = ["--note", "fan replaced", "--sign-key", "ops1.sign.key"];
             let cli = Cli::try_parse_from(args.iter().chain(&more).chain(tls)).unwrap();
-            match cli.command {
-                Command::Release { broker, tls, .. } => {
-                    broker.with_tls(tls.tls_ca.is_some()).to_string()
-                }
-                _ => unreachable!("a release command"),
-            }
+            let Command::Release {
+                broker,
+                tls,
+                site,
+                host,
+                gpu,
+                note,
+                sign_key,
+            } = cli.command
+            else {
+                unreachable!("a release command")
+            };
+            let o = super::release::Options {
+                broker,
+                tls: tls.load().expect("the CA loads"),
+                site: &site,
+                host: &host,
+                gpu,
+                note: &note,
+                sign_key: &sign_key,
+            };
+            super::release::reached(&o).to_string()
         };
-        assert_eq!(broker(&["--tls-ca", "ca.crt"]), "127.0.0.1:8883");
+        let ca = ca.to_str().unwrap();
+        assert_eq!(broker(&["--tls-ca", ca]), "127.0.0.1:8883");
         assert_eq!(broker(&[]), "127.0.0.1:1883");
+        assert_eq!(
+            broker(&["--broker", "b.hall", "--tls-ca", ca]),
+            "b.hall:8883"
+        );
+        assert_eq!(
+            broker(&["--broker", "b.hall:1884", "--tls-ca", ca]),
+            "b.hall:1884"
+        );
     }
 
     #[test]

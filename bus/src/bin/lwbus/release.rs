@@ -248,7 +248,7 @@ pub struct Options<'a> {
 
 /// The brokers as they are reached: one given without a port is on 8883
 /// with TLS, 1883 without ([`Brokers::with_tls`]), and said so.
-fn reached(o: &Options<'_>) -> Brokers {
+pub fn reached(o: &Options<'_>) -> Brokers {
     o.broker.clone().with_tls(o.tls.is_some())
 }
 
