@@ -292,7 +292,7 @@ pub(super) fn opt_outs(
         "cooling_loss.grace_s",
         format!("[cooling_loss] grace_s = {grace}: a rack that loses cooling is powered down {grace} s after its drain, not the {SAFETY_GRACE_S} s the safety case counts on (docs/safety.md): its GPUs stay powered, at their minimum caps, on a loop without flow that long"),
     );
-    say(volatile, VOLATILE_STATE, "volatile_state = true: no flash file: quarantines, leases and the limits the agent set are lost at every restart, so a stop lifts the caps in force (leases' too) back to the ceilings, and a crash leaves a cap as the GPUs' uncapped limit".into());
+    say(volatile, VOLATILE_STATE, "volatile_state = true: no flash file: quarantines, leases and the limits the agent set are lost at every restart, so a stop lifts the caps in force (leases' too) back to the ceilings unless the host's cooling is lost (then they stay, and the next start takes them as the GPUs' uncapped limits: the stop names each GPU's command to set its limit back), and a crash leaves a cap as the GPUs' uncapped limit".into());
     say(persistence, PERSISTENCE, format!("persistence = \"{NOT_REQUIRED}\": GPUs without persistence mode are taken: when the agent, their last client, stops, the driver deinitializes them and the limits it leaves revert to the default until it starts again, and a restart takes the default for the administrator's limit"));
     say(reported_only, "quarantine.reported_only", "[quarantine] reported_only = true: a quarantined GPU is not drained by this host; only the bus says it (the site's scheduler must read it)".into());
     Ok(off)
@@ -770,7 +770,7 @@ mod tests {
         );
         assert!(
             c.volatile_state(),
-            "the node is told: a stop lifts the caps"
+            "the node is told: a stop lifts the caps unless cooling is lost"
         );
         assert!(
             c.opt_outs[0].said.starts_with("commands = \"none\""),
