@@ -12,8 +12,9 @@
 //!   the broker takes as the user name; the first one where there are
 //!   several, as mosquitto takes it.
 //! - *string type*: how a CN's text is encoded (UTF8String,
-//!   PrintableString, TeletexString, BMPString, …); one this does not
-//!   read is named in the refusal.
+//!   PrintableString, TeletexString, BMPString, …); one whose bytes are
+//!   not its text as the broker takes them (BMPString, UniversalString),
+//!   or that this does not read, is named in the refusal.
 
 use super::validity::{element, names_and_validity};
 
@@ -45,35 +46,27 @@ pub fn common_name(der: &[u8]) -> Result<String, String> {
 }
 
 /// The text of an X.520 directory string (a CN's value) `value`, tag
-/// first: UTF8String; PrintableString, IA5String, NumericString and
-/// VisibleString (ASCII); TeletexString, its bytes as Latin-1 (as OpenSSL
-/// takes them: a CA's T61String is ASCII in practice); BMPString
-/// (UTF-16BE) and UniversalString (UTF-32BE). The error names the string
-/// type of another (GeneralString, VideotexString, …), or says the bytes
-/// do not decode as their type.
+/// first, read only where its bytes are that text, as a broker taking the
+/// CN as the login takes them: UTF8String; PrintableString, IA5String,
+/// NumericString and VisibleString (ASCII); TeletexString when its bytes
+/// are ASCII. A BMPString, a UniversalString or a TeletexString past
+/// ASCII is refused, naming it (the broker would refuse the login); so is
+/// another type (GeneralString, VideotexString, …), or bytes that do not
+/// decode as their type.
 fn directory_string(value: &[u8]) -> Result<String, String> {
     let tag = *value.first().ok_or("is empty")?;
     let named = string_type(tag);
     let (bytes, _) = element(value, tag).ok_or_else(|| format!("is malformed ({named})"))?;
     let bad = || format!("is not valid {named}");
-    let units = |n: usize| {
-        (bytes.len() % n == 0)
-            .then(|| bytes.chunks(n))
-            .ok_or_else(bad)
-    };
     match tag {
         0x0c | 0x12 | 0x13 | 0x16 | 0x1a => String::from_utf8(bytes.to_vec()).map_err(|_| bad()),
-        0x14 => Ok(bytes.iter().map(|&b| char::from(b)).collect()),
-        0x1e => {
-            let utf16 = units(2)?.map(|u| u16::from_be_bytes([u[0], u[1]]));
-            char::decode_utf16(utf16)
-                .collect::<Result<String, _>>()
-                .map_err(|_| bad())
-        }
-        0x1c => units(4)?
-            .map(|u| char::from_u32(u32::from_be_bytes([u[0], u[1], u[2], u[3]])))
-            .collect::<Option<String>>()
-            .ok_or_else(bad),
+        // A broker taking the CN as the login takes its bytes as they
+        // are: only an ASCII TeletexString reads as the same text there.
+        0x14 if bytes.is_ascii() => Ok(bytes.iter().map(|&b| char::from(b)).collect()),
+        0x14 | 0x1e | 0x1c => Err(format!(
+            "is a {named}{}: a broker taking the CN as the login (use_identity_as_username) takes its bytes as they are and would refuse the login: issue the certificate with its CN as a UTF8String or PrintableString",
+            if tag == 0x14 { " with bytes past ASCII" } else { "" }
+        )),
         _ => Err(format!(
             "is a {named}, a string type this does not read: issue the certificate with its CN as a UTF8String or PrintableString"
         )),
@@ -129,9 +122,10 @@ mod tests {
         );
     }
 
-    /// A CN as an older CA writes it (TeletexString, BMPString,
-    /// UniversalString) reads as its text; one of a string type not read
-    /// is refused naming the type, not as "no CN".
+    /// A CN as an older CA writes it reads as its text where its bytes are
+    /// that text (an ASCII TeletexString); a BMPString or UniversalString,
+    /// whose bytes a broker would take as the login, is refused naming its
+    /// type, as is one of a string type not read, never as "no CN".
     #[test]
     fn a_cn_of_each_string_type_reads_or_its_type_is_named() {
         use rcgen::{BmpString, DnType::CommonName, DnValue, TeletexString, UniversalString};
@@ -145,22 +139,23 @@ mod tests {
         let teletex = TeletexString::try_from("h01").unwrap();
         assert_eq!(of(DnValue::TeletexString(teletex)).as_deref(), Ok("h01"));
         let bmp = BmpString::try_from("h01").unwrap();
-        assert_eq!(of(DnValue::BmpString(bmp)).as_deref(), Ok("h01"));
+        let e = of(DnValue::BmpString(bmp)).unwrap_err();
+        assert!(
+            e.starts_with("has a CN that is a BMPString: a broker"),
+            "{e}"
+        );
         let universal = UniversalString::try_from("h01").unwrap();
-        assert_eq!(
-            of(DnValue::UniversalString(universal)).as_deref(),
-            Ok("h01")
+        let e = of(DnValue::UniversalString(universal)).unwrap_err();
+        assert!(
+            e.starts_with("has a CN that is a UniversalString: a broker"),
+            "{e}"
         );
-        // Teletex bytes above ASCII as Latin-1; a BMPString of an odd
-        // length, or a lone surrogate, is no text.
-        assert_eq!(
-            directory_string(&[0x14, 2, b'h', 0xe9]).as_deref(),
-            Ok("h\u{e9}")
+        // Teletex bytes past ASCII are refused too.
+        let e = directory_string(&[0x14, 2, b'h', 0xe9]).unwrap_err();
+        assert!(
+            e.starts_with("is a TeletexString with bytes past ASCII"),
+            "{e}"
         );
-        let e = directory_string(&[0x1e, 3, 0, b'h', 0]).unwrap_err();
-        assert_eq!(e, "is not valid BMPString");
-        let e = directory_string(&[0x1e, 2, 0xd8, 0]).unwrap_err();
-        assert_eq!(e, "is not valid BMPString");
         // A GeneralString CN: the type is named. (The subject's, after
         // the issuer's of this self-signed certificate.)
         let c = cert(&[(CommonName, "h01")]);
