@@ -441,11 +441,20 @@ mod tests {
             search_path()
         );
         assert_eq!(bare.detail, on, "{bare:?}");
-        std::fs::write(&program, "#!/bin/sh\nexit 0\n").unwrap();
-        let mode = std::os::unix::fs::PermissionsExt::from_mode(0o755);
-        std::fs::set_permissions(&program, mode).unwrap();
+        // A link to a program that exists, not a file written here: a
+        // file just written may still be open in a child another test
+        // forked meanwhile, and exec then fails "text file busy".
+        std::os::unix::fs::symlink(true_program(), &program).unwrap();
         let found = run(&argv, t).await;
         assert!(found.ok, "found since: it runs: {found:?}");
+    }
+
+    /// `true` as this host has it.
+    fn true_program() -> &'static str {
+        ["/usr/bin/true", "/bin/true"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("true")
     }
 
     /// A site script's standard error reaches a field engineer's terminal
