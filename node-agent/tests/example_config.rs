@@ -26,8 +26,9 @@ fn site_files() -> tempfile::TempDir {
 }
 
 /// The programs the example's actions name, first on this test's PATH
-/// (on real GPUs the loader refuses an action whose program it cannot
-/// find there): the package's loopwarden-slurm (`deploy/slurm`,
+/// (on real GPUs an action whose program the loader cannot find there is
+/// a protection off, `programs_missing`, which the example must not
+/// have): the package's loopwarden-slurm (`deploy/slurm`,
 /// `/usr/bin` on a host) and, for a build machine without systemd, a
 /// `systemctl` that fails if run.
 fn with_the_examples_programs_on_path() {
@@ -134,6 +135,11 @@ fn the_example_loads_with_this_hosts_settings_and_the_sites_files() {
     );
     assert_eq!(c.cooling_loss.grace, Duration::from_secs(30));
     assert!(c.opt_outs.is_empty(), "no protection switched off");
+    assert!(
+        c.programs_missing.is_empty(),
+        "every program the example's actions name is found: {:?}",
+        c.programs_missing
+    );
     assert_eq!(c.site_limit, None, "the limit found on each GPU");
 }
 
@@ -153,6 +159,7 @@ fn every_commented_setting_is_one_the_agent_takes() {
     let l = c.console_limits;
     assert_eq!((l.max_connections, l.idle.as_secs()), (8, 60));
     assert_eq!(c.site_limit, Some(loopwarden_protocol::Watts(600)));
+    assert!(c.programs_missing.is_empty(), "{:?}", c.programs_missing);
 }
 
 #[test]
