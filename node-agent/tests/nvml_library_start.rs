@@ -237,7 +237,10 @@ fn an_action_program_not_found_starts_shown_as_a_protection_off() {
     let said = format!("[cooling_loss] power_down: program \"{program}\" cannot be read");
     let line = log.lines().find(|l| l.contains(&said));
     let line = line.unwrap_or_else(|| panic!("{said:?} not said:\n{log}"));
-    assert!(line.contains("ERROR") && line.contains("agent.toml line "), "{line}");
+    assert!(
+        line.contains("ERROR") && line.contains("agent.toml line "),
+        "{line}"
+    );
     let rows = protection_off_rows(&rig);
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert!(rows[0].contains(&said), "{rows:?}");
