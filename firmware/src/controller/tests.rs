@@ -22,6 +22,7 @@ use crate::outbound::{FrameBuffers, FramedPort};
 
 mod clears;
 mod facility;
+mod flash_damage;
 mod read_back;
 mod resend;
 mod said;
