@@ -12,17 +12,10 @@
 //! as unreadable ([`LoadError::Lost`]), never as "nothing latched". A
 //! store with neither is one no record ever went into (a boot count
 //! alone does not say so: a start may stop before its first step).
-//! Neither tells a sector lost whole (zeroed, garbage) from the past:
-//! the store then reads the copies before it, the record's and the
-//! mark's alike, without an error. So each sector is checked at start
-//! ([`damage`]), and a new damaged one reads the record as unreadable
-//! ([`LoadError::Damaged`]), whatever older copy the store reads.
 //!
 //! Glossary:
 //! - *item*: one key and its bytes in the config store.
 //! - *mark*: the item saying a record was kept in this store.
-//! - *damaged sector*: closed, yet not one item reads in it
-//!   ([`damage`]).
 
 use core::fmt;
 
@@ -32,8 +25,6 @@ use cooling_decide::record::{
 use cooling_decide::LatchRecord;
 use embedded_storage_async::nor_flash::MultiwriteNorFlash;
 use loopwarden_flash::{ConfigStore, StoreError};
-
-pub mod damage;
 
 /// The config key of the mark that a record was kept in this store.
 pub const KEPT_KEY: &str = "fw.latch.kept";
@@ -110,17 +101,6 @@ pub enum LoadError {
     /// Neither the record nor its generation is in the store, and the
     /// mark says one was kept: the flash lost it.
     Lost,
-    /// A config-store sector at `at` is damaged whole, and `more` others
-    /// ([`damage`]): the record read may be an older copy.
-    Damaged {
-        /// The first damaged sector's address.
-        at: u32,
-        /// Damaged sectors beside it.
-        more: u8,
-    },
-    /// The config store's sectors could not be checked for damage
-    /// ([`damage`]), for this cause.
-    Unchecked(ReadCause),
 }
 
 impl fmt::Display for LoadError {
@@ -131,20 +111,6 @@ impl fmt::Display for LoadError {
             Self::Lost => write!(
                 f,
                 "the latched record is missing from flash, though an earlier start kept one ({KEPT_KEY} is set): the flash lost it (a damaged sector?), so what was latched is unknown"
-            ),
-            Self::Damaged { at, more } => {
-                write!(f, "flash sector {at:#x} ")?;
-                if *more > 0 {
-                    write!(f, "(and {more} more) ")?;
-                }
-                write!(
-                    f,
-                    "damaged (zeroed or garbage): the latched record may be an older copy, not believed"
-                )
-            }
-            Self::Unchecked(cause) => write!(
-                f,
-                "the flash's sectors could not be checked for damage ({cause}): the latched record is not believed"
             ),
         }
     }

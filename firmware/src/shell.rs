@@ -2,8 +2,7 @@
 //! nothing. The ports ([`Ports`]): frames to the gateway on UART1 and to
 //! the debug port on UART3, each through a static queue that the UART
 //! drains as it takes bytes (never a wait), and text lines on the
-//! console (UART2). The Modbus RTU master on UART0, the flash (its
-//! sectors checked for damage at start, [`latch::damage`]; the
+//! console (UART2). The Modbus RTU master on UART0, the flash (the
 //! latched record and the mark that one was kept, the boot count, the
 //! operators' last clear ids, what the estimator learned:
 //! [`LearnedFlash`]), the LEDs, and each step's
@@ -27,7 +26,6 @@ use loopwarden_firmware::board::{self, icount, led::Led, uart, uart::Uart, watch
 use loopwarden_firmware::budget::{self, StepBudget, Transaction};
 use loopwarden_firmware::clears::{keyring, Last, Taken, MAX_OPERATORS};
 use loopwarden_firmware::controller::{said_words, Controller, Ports, StepKeep};
-use loopwarden_firmware::latch::damage::Damage;
 use loopwarden_firmware::latch::{self, LoadError};
 use loopwarden_firmware::learned::{self, LearnedFlash};
 use loopwarden_firmware::map::{self, Register, Span};
@@ -36,7 +34,6 @@ use loopwarden_firmware::read_back::{HoldingPort, SafetyHeld};
 use loopwarden_firmware::reads::{self, InputPort, ReadErrors};
 use loopwarden_firmware::writes::{self, SettingPort};
 use loopwarden_firmware::{counters, rtu};
-use loopwarden_flash::config::{DamagedSectors, DAMAGE_KEY};
 use loopwarden_flash::{ConfigStore, StoreError};
 use loopwarden_link::trace::Trace;
 use loopwarden_link::{Hello, ResetCause, Up};
@@ -101,9 +98,6 @@ pub struct Shell {
     store: Store,
     /// The mark that a record was kept is known to be in flash.
     marked: bool,
-    /// The damaged sectors found at start, noted once the relatch's
-    /// record goes in ([`latch::damage`]).
-    damage_note: Option<DamagedSectors>,
     boots: u32,
     step_led: Led,
     leak_led: Led,
@@ -148,7 +142,7 @@ impl Shell {
             "the shell is made once"
         );
         let _ = writeln!(console, "reset: {}", cause_words(cause));
-        let (mut store, damage) = open_store(&mut console);
+        let mut store = open_store(&mut console);
         let boots = match block_on(counters::count_boot(&mut store)) {
             Ok(n) => n,
             Err(e) => {
@@ -156,10 +150,8 @@ impl Shell {
                 0
             }
         };
-        let mut read = block_on(latch::load(&mut store));
-        damage.judge(&mut read);
+        let read = block_on(latch::load(&mut store));
         say_read(&mut console, &read);
-        let damage_note = note_damage(&mut console, &mut store, damage, read.is_err());
         // A record kept before the mark existed gets its mark now.
         let marked = matches!(read, Ok(Some(_))) && mark(&mut console, &mut store);
         let cdu = rtu::RtuMaster::new(
@@ -196,7 +188,6 @@ impl Shell {
             cdu,
             store,
             marked,
-            damage_note,
             boots,
             step_led: Led::new(0).expect("the board has LED 0"),
             leak_led: Led::new(1).expect("the board has LED 1"),
@@ -483,9 +474,6 @@ impl Shell {
                 if !self.marked {
                     self.marked = mark(&mut self.console, &mut self.store);
                 }
-                if let Some(found) = self.damage_note.take() {
-                    self.damage_note = note(&mut self.console, &mut self.store, found);
-                }
                 true
             }
             // The decision path hears it: no valve opens on a record that
@@ -519,12 +507,11 @@ impl Shell {
     }
 }
 
-/// The config store of the board's NOR and what the check of its
-/// sectors found ([`latch::damage`]); a store that reads all zeros on
+/// The config store of the board's NOR; a store that reads all zeros on
 /// a board whose NOR does not start so ([`store_start`]), or that cannot
 /// open, stops the firmware (the watchdog is not started yet: it stays
 /// stopped, and the CDU falls back on its own).
-fn open_store(console: &mut Uart) -> (Store, Damage) {
+fn open_store(console: &mut Uart) -> Store {
     let mut nor = board_nor();
     let range = board::NOR_CONFIG;
     match store_start(&nor, range.clone(), board::NOR_STARTS_ZEROED) {
@@ -555,60 +542,10 @@ fn open_store(console: &mut Uart) -> (Store, Damage) {
             }
         }
     }
-    let damage = check_damage(console, &mut nor);
     match ConfigStore::open(nor, board::NOR_CONFIG) {
-        Ok(s) => (s, damage),
+        Ok(s) => s,
         Err(e) => panic!("flash: the config store of {}: {e}", board::NOR_NAME),
     }
-}
-
-/// The check of the config store's sectors, in a frame of its own: each
-/// closed sector read alone through a trial flash. Its instructions on
-/// the console: the start's time it takes.
-#[inline(never)]
-fn check_damage(console: &mut Uart, nor: &mut RamNor<'static>) -> Damage {
-    let start = icount::now();
-    let damage = block_on(latch::damage::check(nor, board::NOR_CONFIG));
-    let _ = writeln!(
-        console,
-        "flash: the config store's sectors checked for damage in {} instructions: {} damaged",
-        icount::instructions_since(start),
-        damage.found.len()
-    );
-    damage
-}
-
-/// Reads the damaged sectors an earlier start noted into `damage` and
-/// says what it found; notes the sectors found now where the record was
-/// read (`unreadable` false), else returns them, to be noted once the
-/// relatch's record has gone in.
-fn note_damage(
-    console: &mut Uart,
-    store: &mut Store,
-    mut damage: Damage,
-    unreadable: bool,
-) -> Option<DamagedSectors> {
-    block_on(damage.read_note(store));
-    let _ = latch::damage::say(console, &damage);
-    let found = damage.to_note()?.clone();
-    if unreadable {
-        return Some(found);
-    }
-    note(console, store, found)
-}
-
-/// Notes `found` as the damaged sectors handled; returns them where the
-/// note did not go in (tried again at the next record kept).
-fn note(console: &mut Uart, store: &mut Store, found: DamagedSectors) -> Option<DamagedSectors> {
-    let e = match block_on(store.note_damage(&found)) {
-        Ok(()) => return None,
-        Err(e) => e,
-    };
-    let _ = writeln!(
-        console,
-        "flash: {DAMAGE_KEY}: the damaged sectors found are not noted ({e}): tried again when the next record is kept; a start before then reads the record as unreadable again"
-    );
-    Some(found)
 }
 
 /// Keeps the mark that a record went into `store`; whether it is there.

@@ -22,7 +22,6 @@ use crate::outbound::{FrameBuffers, FramedPort};
 
 mod clears;
 mod facility;
-mod flash_damage;
 mod read_back;
 mod resend;
 mod said;
